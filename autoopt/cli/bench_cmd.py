@@ -1,0 +1,1 @@
+"""autoopt bench: (being written)."""

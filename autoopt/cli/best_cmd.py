@@ -1,0 +1,1 @@
+"""autoopt best: (being written)."""

@@ -1,0 +1,1 @@
+"""autoopt diff: (being written)."""

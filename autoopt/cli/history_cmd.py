@@ -1,0 +1,1 @@
+"""autoopt history: (being written)."""

@@ -1,0 +1,1 @@
+"""autoopt measure: (being written)."""

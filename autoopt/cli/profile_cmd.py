@@ -1,0 +1,1 @@
+"""autoopt profile: (being written)."""

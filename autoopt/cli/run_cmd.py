@@ -1,0 +1,1 @@
+"""autoopt run: (being written)."""

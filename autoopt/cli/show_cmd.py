@@ -1,0 +1,1 @@
+"""autoopt show: (being written)."""

@@ -1,0 +1,1 @@
+"""autoopt spaces: (being written)."""
