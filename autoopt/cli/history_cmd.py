@@ -1,1 +1,37 @@
-"""autoopt history: (being written)."""
+"""autoopt history: every trial of a study, one line each (objective with CI, speed-up, cost, why).
+
+Parses, calls autoopt.store.reports.history, renders (or prints its JSON, shape in db/README.md).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from autoopt.cli.app import app
+
+DB_HELP = "Database URL or SQLite path (default: $AUTOOPT_DB, else db/autoopt.sqlite)."
+STUDY_HELP = "Study name (default: the most recently active study in the database)."
+
+
+@app.command("history")
+def history_command(
+    study: Optional[str] = typer.Option(None, "--study", help=STUDY_HELP),
+    sort: str = typer.Option("number", "--sort", help="objective (best first) | number | time (newest first)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Show at most N trials (after sorting)."),
+    failed: bool = typer.Option(False, "--failed", help="Only failed, wrong and interrupted trials."),
+    objective: Optional[str] = typer.Option(None, "--objective", help="e.g. tok_per_s@16 (default: the run's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the history document as JSON."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+) -> None:
+    """List the trials of a study with their objective, 95% CI and speed-up over the baseline."""
+    from autoopt.cli.render_history import print_json, render_history
+    from autoopt.store import Store
+    from autoopt.store.reports import history
+
+    with Store.open(db, create=False) as store:
+        doc = history(store, study, sort=sort, limit=limit, failed_only=failed, objective=objective)
+    if as_json:
+        print_json(doc)
+    else:
+        render_history(doc)

@@ -1,0 +1,114 @@
+"""Which candidate next: expected gain, with its uncertainty, per second of transition + measurement.
+
+For every candidate the GP gives mean ± sd of log(objective); against the incumbent (the best
+posterior mean among measured configurations) that is a mean gain ± sd and an expected improvement
+(`worth`: the mean gain counted only where it is a win, weighted by its odds). The odds that the
+configuration fails at all (learned from failed trials sharing its non-baseline values, singly and in
+pairs; autoopt.agent.failure) discount it, and a failure leaves no worker running, so its odds also
+buy the next trial a fresh start. The rate is
+    worth x (1 - p_fail) / (transition + measurement + p_fail x fresh start seconds).
+
+Builds are batched: a candidate that needs a rebuild or restart opens a build in which its runtime-
+only variants cost just a measurement; its rate is the best of trying it alone or it plus its k best
+runtime siblings (each later one discounted by half, since their wins overlap) for one transition
+and k+1 measurements. The greedy choice from what is built now then tries a build's cheap variants
+before paying the next restart, and never goes back to a build without a reason worth the restart.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autoopt.agent.cost import CostEstimate, CostModel
+from autoopt.agent.failure import FailureModel
+from autoopt.agent.model import GainModel, expected_improvement
+from autoopt.agent.propose import Candidate
+from autoopt.agent.view import SpaceView
+
+BATCH_MAX = 3
+BATCH_DISCOUNT = 0.5
+
+
+@dataclass
+class Scored:
+    cand: Candidate
+    label: str
+    gain: float  # mean relative gain over the incumbent
+    gain_sd: float
+    worth: float  # expected improvement (relative)
+    p_fail: float
+    cost: CostEstimate
+    rate: float  # worth x (1 - p_fail) per second
+    batch: int = 0  # runtime siblings counted in the rate
+    mu: float = 0.0  # log objective over the baseline (GP mean)
+
+    @property
+    def code(self) -> np.ndarray:
+        return self.cand.code
+
+
+class Chooser:
+    def __init__(self, view: SpaceView, model: GainModel, costs: CostModel, failures: FailureModel) -> None:
+        self.view, self.model, self.costs, self.failures = view, model, costs, failures
+
+    def rank(self, cands: list[Candidate], incumbent: np.ndarray, f_best: float, built: np.ndarray | None,
+             transition_of: Any, skip: set[tuple[int, ...]]) -> list[Scored]:
+        """Score and sort (best rate first). `transition_of(code)` -> the target's Transition or None;
+        `f_best`: the incumbent's log objective over the baseline (GP posterior mean)."""
+        if not cands:
+            return []
+        X = np.stack([c.code for c in cands])
+        mu, sd = self.model.predict(X)
+        ei = expected_improvement(mu, sd, f_best)
+        p_fail = self.failures.probs(X)
+        fresh_s = self.costs.fresh_start_s()
+        scored = []
+        for i, c in enumerate(cands):
+            cost = self.costs.estimate(built, c.code, transition_of(c.code))
+            pf = float(p_fail[i])
+            worth = float(np.expm1(ei[i]))
+            # a failure also leaves nothing running: the trial after it pays a fresh start
+            rate = worth * (1.0 - pf) / max(cost.total_s + pf * fresh_s, 1.0)
+            scored.append(Scored(cand=c, label=self.view.describe(c.code, incumbent),
+                                 gain=float(np.expm1(mu[i] - f_best)), gain_sd=float(sd[i]), worth=worth,
+                                 p_fail=pf, cost=cost, rate=rate, mu=float(mu[i])))
+        scored.sort(key=lambda s: -s.rate)
+        self._batch(scored, built, f_best, skip)
+        scored.sort(key=lambda s: -s.rate)
+        return scored
+
+    def _batch(self, scored: list[Scored], built: np.ndarray | None, f_best: float,
+               skip: set[tuple[int, ...]]) -> None:
+        """Raise the rate of build-opening candidates by what their runtime siblings are worth."""
+        built_key = self.view.build_key(built) if built is not None else None
+        opening = [s for s in scored if self.view.build_key(s.code) != built_key][:10]
+        if not opening or not self.view.runtime.any():
+            return
+        measure = self.costs.measure_s()
+        for s in opening:
+            sibs = [c for c in _runtime_siblings(self.view, s.code)
+                    if tuple(int(x) for x in c) not in skip and self.view.feasible(c)]
+            if not sibs:
+                continue
+            mu, sd = self.model.predict(np.stack(sibs))
+            worth = np.sort(np.expm1(expected_improvement(mu, sd, f_best)))[::-1][:BATCH_MAX]
+            total_worth, best_rate, best_k = s.worth * (1 - s.p_fail), s.rate, 0
+            for k, w in enumerate(worth, start=1):
+                total_worth += w * BATCH_DISCOUNT ** k
+                rate = total_worth / max(s.cost.total_s + k * measure, 1.0)
+                if rate > best_rate:
+                    best_rate, best_k = rate, k
+            s.rate, s.batch = best_rate, best_k
+
+
+def _runtime_siblings(view: SpaceView, code: np.ndarray) -> list[np.ndarray]:
+    out = []
+    for p in np.nonzero(view.runtime)[0]:
+        for v in range(int(view.n_choices[p])):
+            if v != code[p]:
+                c = code.copy()
+                c[p] = v
+                out.append(c)
+    return out

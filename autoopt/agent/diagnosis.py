@@ -1,0 +1,104 @@
+"""After a trial: predicted vs actual gain, and one line on why (the bucket diff against its parent).
+
+The parent is the configuration the move was made from (the incumbent when the agent decided; the
+decision's `extra["parent"]` holds its trial number). The bucket diff comes from
+`autoopt.diagnose.compare`, so the line reads like the case study:
+
+    predicted +8.0% ± 4.0%, measured +1.8% vs #3: GEMM -60 ms (...), copy_cast +46 ms: casts ate 77%
+    of the GEMM gain; net -14 ms (-1.2%)
+
+Without profiles on both sides the line says so and gives the figures only.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class TrialDiagnosis:
+    number: int
+    parent: int | None
+    predicted_gain: float | None
+    predicted_sd: float | None
+    actual_gain: float | None  # objective / parent objective - 1
+    surprise_sd: float | None  # (actual - predicted) / predicted sd
+    buckets_line: str | None
+    line: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def diagnose_trial(outcome: Any, parent: Any | None) -> TrialDiagnosis:
+    """One line for `outcome` (a TrialOutcome) against `parent` (a TrialOutcome or None)."""
+    d = outcome.decision
+    pred = getattr(d, "expected_gain", None) if d is not None else None
+    pred_sd = getattr(d, "expected_gain_sd", None) if d is not None else None
+    pnum = getattr(parent, "number", None)
+    if outcome.objective is None:
+        f = outcome.measurement.failure
+        why = f"{f.kind}: {f.reason}" if f is not None else outcome.measurement.status
+        line = f"failed ({why})" + (f"; predicted {_pct(pred, pred_sd)}" if pred is not None else "")
+        return TrialDiagnosis(outcome.number, pnum, pred, pred_sd, None, None, None, line)
+    actual = None
+    if parent is not None and parent.objective:
+        actual = outcome.objective / parent.objective - 1.0
+    surprise = None
+    if actual is not None and pred is not None and pred_sd:
+        surprise = (actual - pred) / pred_sd
+    buckets_line = _bucket_line(parent, outcome)
+    parts = []
+    if pred is not None:
+        parts.append(f"predicted {_pct(pred, pred_sd)}")
+    if actual is not None:
+        parts.append(f"measured {100 * actual:+.1f}% vs #{pnum}")
+    head = ", ".join(parts) if parts else "measured"
+    if surprise is not None and abs(surprise) > 2:
+        head += f" ({'better' if surprise > 0 else 'worse'} than expected by {abs(surprise):.1f} sd)"
+    tail = buckets_line or ("no profile on both sides" if parent is not None else "no parent to compare")
+    return TrialDiagnosis(outcome.number, pnum, pred, pred_sd, actual, surprise, buckets_line,
+                          f"{head}: {tail}")
+
+
+def _bucket_line(parent: Any | None, outcome: Any) -> str | None:
+    if parent is None:
+        return None
+    a = parent.measurement.buckets_ms or {}
+    b = outcome.measurement.buckets_ms or {}
+    if not a or not b:
+        return None
+    ta, tb = _step_ms(parent, a), _step_ms(outcome, b)
+    try:
+        from autoopt.diagnose import compare
+    except ImportError:  # the diagnose module is optional to the agent; say what moved most
+        return _fallback_line(a, b)
+    return compare(a, b, ta, tb).verdict
+
+
+def _step_ms(outcome: Any, buckets: dict[str, float]) -> float | None:
+    """The step's wall time when the objective is tok/s at one concurrency, else the bucket sum."""
+    tps = outcome.measurement.tok_per_s or {}
+    if len(tps) == 1:
+        (c, tp), = tps.items()
+        try:
+            step = int(c) / tp.median * 1000.0
+        except (ValueError, ZeroDivisionError):
+            return None
+        # trust it only when the profile covers most of it (the same units, the same step)
+        if math.isfinite(step) and 0.5 * sum(buckets.values()) <= step <= 2.0 * sum(buckets.values()):
+            return step
+    return None
+
+
+def _fallback_line(a: dict[str, float], b: dict[str, float]) -> str:
+    deltas = sorted(((k, b.get(k, 0.0) - a.get(k, 0.0)) for k in set(a) | set(b)), key=lambda kv: kv[1])
+    fell, rose = deltas[0], deltas[-1]
+    return f"{fell[0]} {fell[1]:+.0f} ms, {rose[0]} {rose[1]:+.0f} ms"
+
+
+def _pct(x: float | None, sd: float | None) -> str:
+    if x is None:
+        return "?"
+    return f"{100 * x:+.1f}%" + (f" ± {100 * sd:.1f}%" if sd is not None else "")

@@ -1,0 +1,162 @@
+"""Pure reasoning over stored trials: which figure is the objective, speed-ups with their spread, and
+which trial is best outside the noise. No database, no I/O.
+
+Definitions (also in db/README.md):
+  objective   "tok_per_s@C": the median tok/s at concurrency C, with its 95 % CI [lo, hi].
+  speedup     of trial T over baseline B at C: median T.med / B.med, conservative interval
+              [T.lo / B.hi, T.hi / B.lo] (the extreme ratios of the two CIs).
+  significant T.lo > B.hi at C (equivalently speedup interval entirely above 1): the two 95 %
+              intervals do not overlap, so the gain is outside the noise.
+  best        among successful trials other than the baseline that are significant, the highest
+              median at C (ties: higher CI low end); when none is, the baseline itself (no gain).
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from autoopt.errors import UserError
+from autoopt.results import Throughput
+
+_OBJECTIVE = re.compile(r"^(tok_per_s)(?:@(\d+))?$")
+OBJECTIVE_HELP = "tok_per_s or tok_per_s@<concurrency> (e.g. tok_per_s@16)"
+
+
+def parse_objective(name: str) -> tuple[str, int | None]:
+    """"tok_per_s@16" -> ("tok_per_s", 16); "tok_per_s" -> ("tok_per_s", None)."""
+    m = _OBJECTIVE.match(name.strip())
+    if not m:
+        raise UserError(f"objective {name!r} not understood: expected {OBJECTIVE_HELP}")
+    return m.group(1), int(m.group(2)) if m.group(2) else None
+
+
+def concurrency_of(name: str | None) -> int | None:
+    """C of "tok_per_s@C"; None for anything else (never raises: used on stored names)."""
+    m = _OBJECTIVE.match((name or "").strip())
+    return int(m.group(2)) if m and m.group(2) else None
+
+
+def objective_name(c: int) -> str:
+    return f"tok_per_s@{c}"
+
+
+def figure(trial: Any, c: int) -> Throughput | None:
+    """tok/s at concurrency c of a successful trial (None when failed or not measured there)."""
+    if trial is None or trial.state != "ok" or trial.measurement is None:
+        return None
+    return trial.measurement.tok_per_s.get(str(c))
+
+
+def measured_concurrencies(trials: Sequence[Any]) -> list[int]:
+    cs = {int(c) for t in trials if t.state == "ok" and t.measurement for c in t.measurement.tok_per_s}
+    return sorted(cs)
+
+
+def resolve_objective(requested: str | None, trials: Sequence[Any], runs: Sequence[Any]) -> int:
+    """The concurrency of the objective: --objective, else the latest run's settings ("objective" or
+    "objective_concurrency"), else the objective the trials were stored with, else the only
+    concurrency measured. UserError when it stays ambiguous."""
+    if requested:
+        _, c = parse_objective(requested)
+        if c is not None:
+            return c
+    for run in reversed(list(runs)):
+        s = run.settings or {}
+        if s.get("objective"):
+            _, c = parse_objective(str(s["objective"]))
+            if c is not None:
+                return c
+        if s.get("objective_concurrency") is not None:
+            return int(s["objective_concurrency"])
+    names = Counter(t.objective_name for t in trials if t.state == "ok" and t.objective_name)
+    for name, _ in names.most_common():
+        c = concurrency_of(name)
+        if c is not None:
+            return c
+    cs = measured_concurrencies(trials)
+    if len(cs) == 1:
+        return cs[0]
+    raise UserError(f"cannot tell which concurrency is the objective (measured: "
+                    f"{', '.join(map(str, cs)) or 'none'}): pass --objective {OBJECTIVE_HELP}")
+
+
+def interval(tp: Throughput | None) -> dict[str, float] | None:
+    if tp is None:
+        return None
+    return {"median": tp.median, "ci_low": tp.ci_low, "ci_high": tp.ci_high}
+
+
+def speedup(t: Throughput | None, base: Throughput | None) -> dict[str, float] | None:
+    """Ratio of two tok/s figures with the conservative interval [t.lo/b.hi, t.hi/b.lo]."""
+    if t is None or base is None or base.median <= 0 or base.ci_low <= 0 or base.ci_high <= 0:
+        return None
+    return {"median": t.median / base.median, "ci_low": t.ci_low / base.ci_high,
+            "ci_high": t.ci_high / base.ci_low}
+
+
+def significant(t: Throughput | None, base: Throughput | None) -> bool:
+    """Gain outside the noise: the trial's CI low end above the baseline's CI high end."""
+    return t is not None and base is not None and t.ci_low > base.ci_high
+
+
+def speedups(trial: Any, base: Any) -> dict[int, dict[str, float]]:
+    """Speed-up at every concurrency both measured."""
+    out = {}
+    if trial is None or base is None or trial.measurement is None or base.measurement is None:
+        return out
+    for c in sorted(int(k) for k in trial.measurement.tok_per_s):
+        s = speedup(figure(trial, c), figure(base, c))
+        if s is not None:
+            out[c] = s
+    return out
+
+
+@dataclass
+class BestChoice:
+    trial: Any  # TrialRecord: the best trial (the baseline when nothing beats it)
+    baseline: Any  # TrialRecord | None
+    concurrency: int
+    significant: bool  # the chosen trial beats the baseline outside the noise
+    candidates: int  # successful trials considered (baseline excluded)
+    significant_count: int
+
+
+def select_best(trials: Sequence[Any], baseline: Any, c: int) -> BestChoice:
+    """The best trial at concurrency c by the rule in this module's docstring."""
+    base_fig = figure(baseline, c)
+    if baseline is None or base_fig is None:
+        raise UserError(f"the study has no successful baseline measured at C={c}: a gain cannot be "
+                        f"told from noise without one (export a trial explicitly with --trial N)")
+    cands = [t for t in trials if t.trial_id != baseline.trial_id and figure(t, c) is not None]
+    sig = [t for t in cands if significant(figure(t, c), base_fig)]
+    if not sig:
+        return BestChoice(baseline, baseline, c, False, len(cands), 0)
+    best = max(sig, key=lambda t: (figure(t, c).median, figure(t, c).ci_low, -t.number))
+    return BestChoice(best, baseline, c, True, len(cands), len(sig))
+
+
+def knob_diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """Keys whose values differ (missing = None), in a stable order."""
+    keys = list(dict.fromkeys([*a, *b]))
+    return [{"name": k, "a": a.get(k), "b": b.get(k)} for k in keys if a.get(k) != b.get(k)]
+
+
+def bucket_diff(a: dict[str, float], b: dict[str, float]) -> list[dict[str, Any]]:
+    """Bucket-by-bucket delta (ms per decode step, and % of a), largest |delta| first."""
+    rows = []
+    for k in dict.fromkeys([*a, *b]):
+        am, bm = a.get(k, 0.0), b.get(k, 0.0)
+        rows.append({"bucket": k, "a_ms": am, "b_ms": bm, "delta_ms": bm - am,
+                     "delta_pct": (bm - am) / am * 100.0 if am else None})
+    return sorted(rows, key=lambda r: -abs(r["delta_ms"]))
+
+
+def environment_differences(measured: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """'key: measured -> current' for every top-level key that differs."""
+    out = []
+    for k in sorted(set(measured) | set(current)):
+        if measured.get(k) != current.get(k):
+            out.append(f"{k}: {measured.get(k)!r} -> {current.get(k)!r}")
+    return out

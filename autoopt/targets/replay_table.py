@@ -1,0 +1,301 @@
+"""Recorded tables for the replay target: CSV, JSON lines, or a Kernel Tuner cache file.
+
+A table holds one row per configuration: knob columns, an objective column, and optional columns
+  noise        relative sd of one evaluation (draws are seeded by the target)
+  measure_s    seconds one evaluation takes (default: the table's/option's measure_s)
+  compile_s    seconds paid the first time the configuration is visited
+  error        a non-empty reason marks a configuration that was tried and failed
+  bucket_<name>_ms   profile buckets (ms per step), so profile guidance works in replay
+Columns starting with `metric_` or `_` are carried but are not knobs. Rows absent from the table are
+invalid configurations.
+
+A side-car YAML with the same stem (`grid.csv` -> `grid.restart.yaml`) may hold: objective,
+direction (maximize|minimize), measure_s, profile_s, noise, concurrency, baseline {knob: value},
+restart_s {knob: seconds}, restart_class {knob: class}, buckets {knob: [bucket]}, priors
+{knob: {value: {bucket: speed-up}}}, knobs [names]. Options given to the loader override it.
+
+Kernel Tuner cache files ({"tune_params_keys": [...], "cache": {"v1,v2": {...,"time": ms}}}) are read
+directly: objective `time` (minimize), `compile_time` (ms) becomes compile_s, `benchmark_time` (ms)
+measure_s, and string times ("InvalidConfig", "CompilationFailedConfig", "RuntimeFailedConfig") are
+failed configurations. A cache Kernel Tuner left open (no closing braces) is read too.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autoopt.errors import UserError
+
+RESERVED = {"noise", "measure_s", "compile_s", "error", "status", "reason"}
+KT_FAILURES = {"InvalidConfig": "excluded", "CompilationFailedConfig": "compile",
+               "RuntimeFailedConfig": "crash"}
+_TRUE = ("on", "true", "yes", "1")
+_FALSE = ("off", "false", "no", "0")
+
+
+def parse_scalar(text: Any) -> Any:
+    """'64' -> 64, '1.5' -> 1.5, '64.0' -> 64, anything else unchanged (stripped if text)."""
+    if not isinstance(text, str):
+        if isinstance(text, float) and math.isfinite(text) and text.is_integer():
+            return int(text)
+        return text
+    s = text.strip()
+    try:
+        return int(s)
+    except ValueError:
+        pass
+    try:
+        f = float(s)
+    except ValueError:
+        return s
+    return int(f) if math.isfinite(f) and f.is_integer() else f
+
+
+def norm_value(v: Any) -> str:
+    """Canonical text of a knob value, so 64, '64' and 64.0 name the same row."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(parse_scalar(v))
+
+
+def match_value(values: tuple[Any, ...], raw: Any) -> Any | None:
+    """The knob value `raw` names (YAML turns on/off into booleans), or None."""
+    by_norm = {norm_value(v): v for v in values}
+    if isinstance(raw, bool):
+        for word in (_TRUE if raw else _FALSE):
+            if word in by_norm:
+                return by_norm[word]
+        return None
+    return by_norm.get(norm_value(raw))
+
+
+_CANON: dict[tuple[type, Any], str] = {}
+
+
+def _canon(v: Any) -> str:
+    """norm_value of a value already in the table (memoised: keys are built for every lookup)."""
+    k = (type(v), v)
+    out = _CANON.get(k)
+    if out is None:
+        out = _CANON[k] = norm_value(v)
+    return out
+
+
+@dataclass
+class Row:
+    config: dict[str, Any]
+    value: float | None  # the raw objective; None when the configuration failed
+    error: str | None = None
+    failure_kind: str = "exception"
+    noise: float | None = None
+    measure_s: float | None = None
+    compile_s: float = 0.0
+    buckets_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ReplayTable:
+    path: Path
+    knobs: list[str]
+    values: dict[str, tuple[Any, ...]]
+    rows: dict[tuple[str, ...], Row]
+    objective: str
+    minimize: bool
+    meta: dict[str, Any]
+    sha256: str
+
+    def value_of(self, knob: str, raw: Any) -> Any | None:
+        """The table's value of `knob` that `raw` names (cached lookup), or None."""
+        if isinstance(raw, bool):
+            return match_value(self.values[knob], raw)
+        table = self._lookup().get(knob)
+        if table is None:
+            return None
+        hit = table.get(str(raw))
+        return hit if hit is not None else table.get(norm_value(raw))
+
+    def _lookup(self) -> dict[str, dict[str, Any]]:
+        cache = self.__dict__.get("_lookup_cache")
+        if cache is None:
+            cache = {k: {**{str(v): v for v in vals}, **{norm_value(v): v for v in vals}}
+                     for k, vals in self.values.items()}
+            self.__dict__["_lookup_cache"] = cache
+        return cache
+
+    def key(self, config: dict[str, Any]) -> tuple[str, ...]:
+        out = []
+        for k in self.knobs:
+            v = self.value_of(k, config[k])
+            out.append(norm_value(config[k]) if v is None else _canon(v))
+        return tuple(out)
+
+    def score(self, value: float) -> float:
+        """Higher is better: the objective itself, or its reciprocal (a rate) when minimized."""
+        return 1.0 / value if self.minimize else value
+
+    def valid_rows(self) -> list[Row]:
+        return [r for r in self.rows.values() if r.value is not None]
+
+    def optimum(self) -> Row:
+        return max(self.valid_rows(), key=lambda r: self.score(r.value))
+
+    def baseline(self) -> dict[str, Any]:
+        base = self.meta.get("baseline")
+        if base:
+            out = {}
+            for k in self.knobs:
+                if k not in base:
+                    raise UserError(f"{self.path}: baseline in the side-car YAML lacks knob {k!r}")
+                v = match_value(self.values[k], base[k])
+                if v is None:
+                    raise UserError(f"{self.path}: baseline {k}={base[k]!r} is not a value in the table")
+                out[k] = v
+            return out
+        first = next(iter(self.rows.values()))
+        return dict(first.config)
+
+
+def load_table(path: str | Path, objective: str | None = None, minimize: bool | None = None,
+               knobs: list[str] | None = None) -> ReplayTable:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"replay table {path} does not exist")
+    text = path.read_text()
+    meta = _side_car(path)
+    if path.suffix == ".json" and '"tune_params_keys"' in text[:100_000]:
+        records, kt_knobs = _kernel_tuner(path, text)
+        meta.setdefault("objective", "time")
+        meta.setdefault("direction", "minimize")
+        knobs = knobs or meta.get("knobs") or kt_knobs
+    elif path.suffix in (".jsonl", ".json"):
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    elif path.suffix == ".csv":
+        records = list(csv.DictReader(text.splitlines()))
+    else:
+        raise UserError(f"replay table {path}: expected .csv, .jsonl or a Kernel Tuner .json cache")
+    if not records:
+        raise UserError(f"replay table {path} has no rows")
+    objective = objective or meta.get("objective") or _guess_objective(records[0])
+    if objective not in records[0]:
+        raise UserError(f"replay table {path} has no objective column {objective!r} "
+                        f"(columns: {', '.join(records[0])})")
+    if minimize is None:
+        direction = meta.get("direction")
+        minimize = (direction == "minimize") if direction else _looks_minimized(objective)
+    knobs = knobs or meta.get("knobs") or [
+        c for c in records[0] if c != objective and c not in RESERVED and not c.startswith(
+            ("bucket_", "metric_", "_"))]
+    rows: dict[tuple[str, ...], Row] = {}
+    seen_values: dict[str, list[Any]] = {k: [] for k in knobs}
+    for i, rec in enumerate(records):
+        missing = [k for k in knobs if k not in rec]
+        if missing:
+            raise UserError(f"replay table {path}: row {i + 1} lacks knob column(s) {missing}")
+        row = _row(rec, knobs, objective, path, i)
+        for k in knobs:
+            if row.config[k] not in seen_values[k]:
+                seen_values[k].append(row.config[k])
+        rows[tuple(norm_value(row.config[k]) for k in knobs)] = row
+    values = {k: tuple(_sorted(v)) for k, v in seen_values.items()}
+    table = ReplayTable(path, list(knobs), values, rows, objective, bool(minimize), meta,
+                        hashlib.sha256(text.encode()).hexdigest())
+    if not table.valid_rows():
+        raise UserError(f"replay table {path} has no valid row (every objective is empty or failed)")
+    return table
+
+
+def _row(rec: dict[str, Any], knobs: list[str], objective: str, path: Path, i: int) -> Row:
+    config = {k: parse_scalar(rec[k]) for k in knobs}
+    raw = rec.get(objective)
+    error = str(rec.get("error") or "").strip() or None
+    kind = "exception"
+    value = None if raw is None or raw == "" else parse_scalar(raw)
+    if isinstance(value, str):  # "InvalidConfig" and friends
+        kind = KT_FAILURES.get(value, "exception")
+        error = error or value
+        value = None
+    if error and ":" in error and error.split(":", 1)[0] in ("crash", "hang", "oom", "compile", "cuda",
+                                                             "excluded", "exception"):
+        kind, error = error.split(":", 1)[0], error.split(":", 1)[1].strip()
+    if value is not None:
+        value = float(value)
+        if not math.isfinite(value) or value <= 0 or error:
+            error = error or f"objective {raw!r} is not a positive number"
+            value = None
+    if value is None and not error:
+        error = "no objective recorded for this configuration"
+    buckets = {c[len("bucket_"):-len("_ms")]: float(v) for c, v in rec.items()
+               if c.startswith("bucket_") and c.endswith("_ms") and v not in (None, "")}
+    return Row(config=config, value=value, error=error, failure_kind=kind,
+               noise=_opt_float(rec.get("noise")), measure_s=_opt_float(rec.get("measure_s")),
+               compile_s=_opt_float(rec.get("compile_s")) or 0.0, buckets_ms=buckets)
+
+
+def _kernel_tuner(path: Path, text: str) -> tuple[list[dict[str, Any]], list[str]]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        try:  # Kernel Tuner appends entries as it goes and closes the braces at the end
+            doc = json.loads(text.rstrip().rstrip(",") + "}}")
+        except json.JSONDecodeError as exc:
+            raise UserError(f"Kernel Tuner cache {path} is not valid JSON: {exc}") from None
+    keys = list(doc.get("tune_params_keys") or [])
+    if not keys or not isinstance(doc.get("cache"), dict):
+        raise UserError(f"Kernel Tuner cache {path} lacks tune_params_keys or cache")
+    records = []
+    for entry in doc["cache"].values():
+        rec = {k: entry.get(k) for k in keys}
+        rec["time"] = entry.get("time")
+        if isinstance(entry.get("compile_time"), (int, float)):
+            rec["compile_s"] = entry["compile_time"] / 1000.0
+        if isinstance(entry.get("benchmark_time"), (int, float)):
+            rec["measure_s"] = entry["benchmark_time"] / 1000.0
+        records.append(rec)
+    return records, keys
+
+
+def _side_car(path: Path) -> dict[str, Any]:
+    side = path.with_name(path.stem + ".restart.yaml")
+    if not side.exists():
+        return {}
+    try:
+        doc = yaml.safe_load(side.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{side}: not valid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{side}: expected a mapping (restart_s, restart_class, baseline, ...)")
+    return doc
+
+
+def _guess_objective(rec: dict[str, Any]) -> str:
+    for name in ("tok_per_s", "objective", "time", "time_us", "time_ms", "latency_ms"):
+        if name in rec:
+            return name
+    raise UserError("replay table: name the objective column with --objective")
+
+
+def _looks_minimized(name: str) -> bool:
+    """time, time_us, latency_ms, step_s: minimize; tok_per_s, gflops, throughput: maximize."""
+    n = name.lower()
+    if "per_" in n or "/s" in n or "flops" in n or "throughput" in n:
+        return False
+    return n.startswith(("time", "latency")) or n.endswith(("_ms", "_us", "_s", "time"))
+
+
+def _opt_float(v: Any) -> float | None:
+    if v is None or v == "":
+        return None
+    return float(v)
+
+
+def _sorted(vals: list[Any]) -> list[Any]:
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+        return sorted(vals)
+    return vals

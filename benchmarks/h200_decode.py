@@ -1,0 +1,206 @@
+"""The decode path on one GPU, side by side: the case study's starting point, each single-knob change
+from it, the best configuration `autoopt run` found (an exported config.yaml), and
+torch.compile(mode="max-autotune") of the starting point — tok/s with CI, MBU and profile buckets at
+each concurrency. Builds, checks (correctness guard) and times everything in ONE process, through the
+same measurement code the worker uses (autoopt.measure.measure_request).
+
+    python benchmarks/h200_decode.py --preset flash-slice --concurrency 1,16,64 \
+        [--best config.yaml] [--only start,attention=mma] [--no-compile] [--traces DIR] \
+        [--out benchmarks/results/h200_decode.json]
+
+The JSON result is rewritten after every configuration, so a run cut short still leaves its figures.
+The table is printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "kernels"), str(Path(__file__).parent)]
+
+from _meta import machine_meta, write_result  # noqa: E402
+
+# (label, knob changes from the starting point). Pairs where one knob is inert alone (the bf16 operand
+# only matters once the mHC GEMM is bf16) are given as the pair, as an engineer would flip them.
+SINGLE_CHANGES: list[tuple[str, dict[str, Any]]] = [
+    ("start", {}),
+    ("mhc_gemm=bf16 (cast_from_fp32)", {"mhc_gemm": "bf16"}),
+    ("mhc_gemm=bf16 + view_bf16_residual", {"mhc_gemm": "bf16", "mhc_operand": "view_bf16_residual"}),
+    ("mhc bf16 + view + hc_fn cached", {"mhc_gemm": "bf16", "mhc_operand": "view_bf16_residual",
+                                        "hc_fn_weight": "cached"}),
+    ("indexer_gemm=bf16", {"indexer_gemm": "bf16"}),
+    ("indexer_gemm=fp8", {"indexer_gemm": "fp8"}),
+    ("attention=mma", {"attention": "mma"}),
+    ("moe_experts=grouped", {"moe_experts": "grouped"}),
+    ("glue=compile", {"glue": "compile"}),
+    ("cuda_graphs=on", {"cuda_graphs": "on"}),
+]
+
+
+def _measure(state: Any, preset: str, shape: dict[str, Any], knobs: dict[str, Any],
+             layer_overrides: list, conc: list[int], profile_c: int, samples: int) -> dict[str, Any]:
+    from autoopt.measure import measure_request
+    from autoopt.results import Measurement
+    from autoopt.worker import classify
+
+    req = {"preset": preset, "shape": shape, "config": {**knobs, "layer_overrides": layer_overrides},
+           "concurrency": conc, "profile": True, "profile_concurrency": profile_c, "profile_steps": 3,
+           "min_samples": samples, "max_samples": samples * 2, "time_limit_s": 240,
+           "target_rel_ci": 0.01}
+    try:
+        return measure_request(state, req)
+    except BaseException as exc:  # a variant that fails is data: reported, the benchmark goes on
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        kind, _ = classify(exc)
+        state.drop_sessions()
+        return Measurement.failed({**knobs}, kind, f"{type(exc).__name__}: {exc}",
+                                  traceback.format_exc()[-2000:]).to_dict()
+
+
+def _compile_start(preset: str, shape: dict[str, Any], conc: list[int], samples: int,
+                   mode: str) -> dict[str, Any]:
+    """What a PyTorch user would try instead: torch.compile(mode=max-autotune) of the whole step."""
+    import torch
+
+    from autoopt.measure import device_bandwidth, time_steps
+    from autoopt.results import Measurement, throughput_from_step_times
+    from dsv4.config import preset as make_preset
+    from dsv4.model import decode_forward
+    from dsv4.roofline import bytes_per_step
+    from dsv4.session import DecodeSession
+
+    cfg = make_preset(preset, **shape)
+    bw = device_bandwidth("cuda")["bytes_per_s"]
+    compiled = torch.compile(decode_forward, mode=mode)
+    out = Measurement(status="ok", config={"torch.compile": mode})
+    costs = {"compile": 0.0, "measure": 0.0}
+    for c in conc:
+        sess = DecodeSession(cfg, device="cuda", batch=c)
+
+        def step(s=sess):
+            if s._steps >= s.max_new_tokens:
+                s.reset()
+            logits, _ = compiled(s.state, s.tokens)
+            s.tokens.copy_(logits.argmax(dim=-1))
+            s._steps += 1
+
+        t0 = time.perf_counter()
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        costs["compile"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        xs, _ = time_steps(step, "cuda", min_samples=samples, max_samples=samples * 2, concurrency=c)
+        costs["measure"] += time.perf_counter() - t0
+        tp = throughput_from_step_times(xs, c)
+        out.tok_per_s[str(c)] = tp
+        out.mbu[str(c)] = bytes_per_step(cfg, c)["total"] / tp.median ** -1 / c / bw if False else \
+            bytes_per_step(cfg, c)["total"] / (c / tp.median) / bw
+        del sess
+        torch.cuda.empty_cache()
+    out.costs_s = costs
+    out.what_ran = {"step": f"torch.compile(decode_forward, mode={mode!r}) over the starting point"}
+    return out.to_dict()
+
+
+def _row(label: str, doc: dict[str, Any], base: dict[str, Any] | None, conc: list[int]) -> str:
+    cells = [f"{label[:38]:38s}", f"{doc['status']:6s}"]
+    for c in conc:
+        tp = (doc.get("tok_per_s") or {}).get(str(c))
+        if not tp:
+            cells.append(f"{'-':>26s}")
+            continue
+        sp = ""
+        b = ((base or {}).get("tok_per_s") or {}).get(str(c))
+        if b:
+            sp = f" {tp['median'] / b['median']:4.2f}x"
+        mbu = (doc.get("mbu") or {}).get(str(c))
+        cells.append(f"{tp['median']:8.1f}±{(tp['ci_high'] - tp['ci_low']) / 2:5.1f}{sp} "
+                     f"{(mbu or 0) * 100:3.0f}%")
+    return " ".join(cells)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="flash-slice")
+    ap.add_argument("--context", type=int, default=None, help="context_len override")
+    ap.add_argument("--concurrency", default="1,16,64")
+    ap.add_argument("--samples", type=int, default=15)
+    ap.add_argument("--best", default=None, help="config.yaml exported by `autoopt best --export`")
+    ap.add_argument("--only", default=None, help="comma-separated labels of SINGLE_CHANGES to run")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile(max-autotune)")
+    ap.add_argument("--compile-mode", default="max-autotune")
+    ap.add_argument("--traces", default=None, help="directory: save the profiler traces per config")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "h200_decode.json"))
+    args = ap.parse_args()
+
+    import torch
+
+    from autoopt.worker import WorkerState
+
+    if not torch.cuda.is_available():
+        sys.exit("h200_decode.py needs a CUDA GPU")
+    conc = [int(c) for c in args.concurrency.split(",")]
+    profile_c = 16 if 16 in conc else conc[-1]
+    shape = {"context_len": args.context} if args.context else {}
+    todo = SINGLE_CHANGES
+    if args.only:
+        wanted = set(args.only.split(","))
+        todo = [(lbl, k) for lbl, k in SINGLE_CHANGES if lbl in wanted]
+    if args.best:
+        from autoopt.config_file import load_config_file
+
+        loaded = load_config_file(args.best)
+        todo = todo + [(f"best (autoopt run: {Path(args.best).name})", dict(loaded.knobs),
+                        loaded.layer_overrides)]
+    state = WorkerState("cuda")
+    result = {"benchmark": "h200_decode", "machine": machine_meta(), "preset": args.preset,
+              "shape_overrides": shape, "concurrency": conc, "profile_concurrency": profile_c,
+              "configs": {}}
+    base = None
+    for item in todo:
+        label, knobs = item[0], item[1]
+        overrides = list(item[2]) if len(item) > 2 else []
+        t0 = time.perf_counter()
+        print(f"[h200_decode] {label} ...", flush=True)
+        doc = _measure(state, args.preset, shape, knobs, overrides, conc, profile_c, args.samples)
+        doc["label"] = label
+        doc["bench_wall_s"] = time.perf_counter() - t0
+        result["configs"][label] = doc
+        if label == "start":
+            base = doc
+        print("   " + _row(label, doc, base, conc), flush=True)
+        write_result(args.out, result)
+    if not args.no_compile:
+        label = f"torch.compile({args.compile_mode}) of start"
+        print(f"[h200_decode] {label} ...", flush=True)
+        state.drop_sessions()
+        t0 = time.perf_counter()
+        try:
+            doc = _compile_start(args.preset, shape, conc, args.samples, args.compile_mode)
+        except Exception as exc:  # recorded as a failed row, with its reason
+            from autoopt.results import Measurement
+
+            doc = Measurement.failed({"torch.compile": args.compile_mode}, "compile",
+                                     f"{type(exc).__name__}: {exc}",
+                                     traceback.format_exc()[-2000:]).to_dict()
+        doc["label"], doc["bench_wall_s"] = label, time.perf_counter() - t0
+        result["configs"][label] = doc
+        write_result(args.out, result)
+
+    hdr = " ".join([f"{'configuration':38s}", f"{'status':6s}"] +
+                   [f"{'C=' + str(c) + ' tok/s ±CI  x  MBU':>26s}" for c in conc])
+    print("\n" + hdr)
+    for label, doc in result["configs"].items():
+        print(_row(label, doc, base, conc))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The "glue" of the decode step: mHC epilogues, Sinkhorn and the sublayer norms. Elementwise chains
+and small reductions, thousands of tiny kernels per step in eager mode (the case study's 69 %).
+
+The `glue` knob picks eager functions or the same functions through torch.compile (inductor). The
+GEMMs around them stay outside the compiled regions on purpose: the mhc_gemm / mhc_operand /
+hc_fn_weight knobs must keep meaning what they say (inductor would otherwise fuse the cast into the
+matmul and the operand knob would silently stop mattering).
+
+Compiled regions (each called with one fixed shape per session, so each compiles once):
+  mhc_pre_epilogue   RMS statistic, mixes split, sigmoids, Sinkhorn, collapse, sublayer RMSNorm
+  mhc_post           R_new[:, j] = post_j * out + sum_i comb[i, j] * R[:, i]
+  head_epilogue      final collapse of the streams + final RMSNorm
+The q / kv / compressor norms inside attention stay eager in both modes (said in what_ran).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from dsv4.config import DecodeConfig
+
+NORM_EPS = 1e-6
+HC_EPS = 1e-6
+COMPILED_REGIONS = "mhc pre epilogue (rms, sigmoids, sinkhorn, collapse, sublayer rmsnorm), mhc post, hc_head"
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x: [..., d] -> same shape and dtype; statistic and scaling in fp32."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + NORM_EPS) * weight
+    return y.to(x.dtype)
+
+
+def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
+    """logits: [B, n, n] fp32 -> doubly stochastic [B, n, n] (alternate row / column normalisation)."""
+    m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True))
+    for _ in range(iters):
+        m = m / (m.sum(dim=-1, keepdim=True) + HC_EPS)
+        m = m / (m.sum(dim=-2, keepdim=True) + HC_EPS)
+    return m
+
+
+def _mhc_pre_epilogue(x_flat: torch.Tensor, mixes_raw: torch.Tensor, scale: torch.Tensor,
+                      base: torch.Tensor, norm_w: torch.Tensor, hc: int,
+                      iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x_flat: [B, hc*hidden] fp32, mixes_raw: [B, 2hc + hc*hc] fp32 (x_flat @ hc_fn.T, unscaled)
+    -> (normed layer input [B, hidden] bf16, post [B, hc] fp32, comb [B, hc, hc] fp32)."""
+    B = x_flat.shape[0]
+    r = torch.rsqrt(x_flat.pow(2).mean(dim=-1, keepdim=True) + NORM_EPS)  # [B, 1] one RMS per token
+    mixes = mixes_raw * r
+    pre = torch.sigmoid(mixes[:, :hc] * scale[0] + base[:hc]) + HC_EPS  # [B, hc]
+    post = 2.0 * torch.sigmoid(mixes[:, hc:2 * hc] * scale[1] + base[hc:2 * hc])  # [B, hc]
+    comb_logits = (mixes[:, 2 * hc:] * scale[2] + base[2 * hc:]).view(B, hc, hc)
+    comb = sinkhorn(comb_logits, iters)  # [B, hc, hc]
+    streams = x_flat.view(B, hc, -1)  # [B, hc, hidden] fp32
+    layer_in = (pre[:, :, None] * streams).sum(dim=1)  # [B, hidden] fp32
+    return rmsnorm(layer_in.to(torch.bfloat16), norm_w), post, comb
+
+
+def _mhc_post(out: torch.Tensor, R: torch.Tensor, post: torch.Tensor,
+              comb: torch.Tensor) -> torch.Tensor:
+    """out: [B, hidden] bf16 sublayer output, R: [B, hc, hidden] bf16 -> R_new [B, hc, hidden] bf16."""
+    mixed = torch.einsum("bij,bih->bjh", comb, R.float())  # [B, hc, hidden]
+    return (post[:, :, None] * out.float()[:, None, :] + mixed).to(torch.bfloat16)
+
+
+def _head_epilogue(x_flat: torch.Tensor, mixes_raw: torch.Tensor, scale: torch.Tensor,
+                   base: torch.Tensor, norm_w: torch.Tensor, hc: int) -> torch.Tensor:
+    """Collapse the hc streams with sigmoid weights, then the final RMSNorm -> [B, hidden] bf16."""
+    B = x_flat.shape[0]
+    r = torch.rsqrt(x_flat.pow(2).mean(dim=-1, keepdim=True) + NORM_EPS)
+    pre = torch.sigmoid(mixes_raw * r * scale[0] + base) + HC_EPS  # [B, hc]
+    y = (pre[:, :, None] * x_flat.view(B, hc, -1)).sum(dim=1)
+    return rmsnorm(y.to(torch.bfloat16), norm_w)
+
+
+@dataclass(frozen=True)
+class Glue:
+    mode: str  # "eager" | "compile"
+    mhc_pre_epilogue: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    mhc_post: Callable[..., torch.Tensor]
+    head_epilogue: Callable[..., torch.Tensor]
+
+    def describe(self) -> str:
+        if self.mode == "eager":
+            return "eager"
+        return f"torch.compile (inductor, fullgraph): {COMPILED_REGIONS}; q/kv norms eager"
+
+
+def make_glue(cfg: DecodeConfig, mode: str) -> Glue:
+    hc, iters = cfg.hc_mult, cfg.sinkhorn_iters
+
+    def pre(x_flat, mixes_raw, scale, base, norm_w):
+        return _mhc_pre_epilogue(x_flat, mixes_raw, scale, base, norm_w, hc, iters)
+
+    def head(x_flat, mixes_raw, scale, base, norm_w):
+        return _head_epilogue(x_flat, mixes_raw, scale, base, norm_w, hc)
+
+    if mode == "eager":
+        return Glue("eager", pre, _mhc_post, head)
+    if mode == "compile":
+        # One compiled entry per (function, batch size): a worker holding sessions for several
+        # concurrencies would pass Dynamo's default limit of 8 and silently run eager. Raise the
+        # limit, and make hitting it an error rather than a silent fallback.
+        dyn = torch._dynamo.config
+        dyn.recompile_limit = max(getattr(dyn, "recompile_limit", 8), 64)
+        if hasattr(dyn, "fail_on_recompile_limit_hit"):
+            dyn.fail_on_recompile_limit_hit = True
+
+        def comp(fn):
+            return torch.compile(fn, fullgraph=True, dynamic=False)
+        return Glue("compile", comp(pre), comp(_mhc_post), comp(head))
+    raise ValueError(f"glue mode {mode!r}: expected 'eager' or 'compile'")

@@ -1,0 +1,95 @@
+"""One DeepSeek-V4 decode step for a batch of sequences (one new token each):
+
+    embedding -> R [B, hc, hidden] (the token's embedding in every stream)
+    per layer:  hc_pre -> attention -> hc_post -> hc_pre -> MoE -> hc_post
+    hc_head (collapse the streams) -> RMSNorm -> lm_head -> logits [B, vocab] fp32
+
+Knob values are resolved per layer once (LayerPlan) when the session is (re)configured, not looked
+up at every step. The step does no host synchronisation except where a variant needs one
+(moe_experts=loop), so it can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from dsv4.attention import attention_block
+from dsv4.cache import DecodeCache
+from dsv4.config import DecodeConfig
+from dsv4.glue import Glue
+from dsv4.knobs import KNOBS
+from dsv4.mhc import hc_head, hc_post, hc_pre
+from dsv4.moe import moe_block
+from dsv4.rope import cos_sin, inv_freq
+from dsv4.weights import ModelWeights
+
+BREAKABLE_OPS = ("attention", "indexer", "mhc", "moe")
+BREAK_MHC_FACTOR = 1.25  # DSV4_TEST_BREAK=mhc scales the post (stream write-back) weights by this
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    layer: int
+    cls: str  # "window" | "c4" | "c128"
+    hash_routed: bool
+    knobs: dict = field(hash=False)  # knob name -> value in effect for this layer
+
+
+def make_plans(cfg: DecodeConfig) -> list[LayerPlan]:
+    return [LayerPlan(i, cfg.layer_class(i), i < cfg.n_hash_layers,
+                      {k.name: cfg.knob(k.name, i) for k in KNOBS}) for i in range(cfg.n_layers)]
+
+
+@dataclass
+class ModelState:
+    """Everything a step reads or writes; the session owns it."""
+    cfg: DecodeConfig
+    weights: ModelWeights
+    cache: DecodeCache
+    plans: list[LayerPlan]
+    glue: Glue
+    breaks: frozenset[str] = frozenset()  # test hook ops (DSV4_TEST_BREAK)
+    freqs: torch.Tensor | None = None  # [rope_dim / 2] fp32
+
+    def __post_init__(self) -> None:
+        if self.freqs is None:
+            self.freqs = inv_freq(self.cfg.rope_dim, self.cache.pos.device)
+
+
+def decode_forward(st: ModelState, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """tokens: [B] int64 on the device -> (logits [B, vocab] fp32, {(op, layer): what ran}).
+    Appends the tokens to every layer's cache and advances cache.pos by one."""
+    cfg, w, cache = st.cfg, st.weights, st.cache
+    B = tokens.shape[0]
+    pos = cache.pos  # 0-d int64: position of these tokens
+    cos, sin = cos_sin(pos, st.freqs)  # [rope_dim / 2] each
+    rope = (st.freqs, cos, sin)
+    ran: dict[tuple[str, int], str] = {}
+
+    x = w.globals.embed[tokens]  # [B, hidden] bf16
+    R = x[:, None, :].expand(B, cfg.hc_mult, cfg.hidden).contiguous()  # [B, hc, hidden] bf16
+    for plan, p, lc in zip(st.plans, w.layers, cache.layers):
+        i, knobs = plan.layer, plan.knobs
+        x, post, comb, ran[("mhc_gemm", i)] = hc_pre(R, p, "hc_attn", p.attn_norm,
+                                                     w.hc_fn_bf16.get((i, "hc_attn")), knobs, st.glue)
+        if "mhc" in st.breaks:
+            post = post * BREAK_MHC_FACTOR
+        out, ran_attn = attention_block(x, p, lc, pos, rope, cfg, knobs, st.breaks)
+        for op, desc in ran_attn.items():
+            ran[(op, i)] = desc
+        R = hc_post(out, R, post, comb, st.glue)
+        x, post, comb, _ = hc_pre(R, p, "hc_ffn", p.ffn_norm, w.hc_fn_bf16.get((i, "hc_ffn")),
+                                  knobs, st.glue)
+        if "mhc" in st.breaks:
+            post = post * BREAK_MHC_FACTOR
+        out, ran[("moe", i)] = moe_block(x, tokens, p, cfg.topk_experts, plan.hash_routed,
+                                         knobs["moe_experts"], "moe" in st.breaks)
+        R = hc_post(out, R, post, comb, st.glue)
+
+    y, ran[("mhc_gemm", -1)] = hc_head(R, w.globals, cfg.knobs(), st.glue,
+                                       w.hc_fn_bf16.get((-1, "hc_head")))
+    logits = F.linear(y, w.globals.lm_head).float()  # [B, vocab]
+    cache.pos.add_(1)
+    return logits, ran

@@ -1,0 +1,83 @@
+"""The stop rule: --min-gain parsing, worth-it judgement, budget fit, and reasons a person can read."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from autoopt.agent.cost import CostEstimate
+from autoopt.agent.stop import DEFAULT_MIN_GAIN, MinGain, StopRule, fmt_s
+from autoopt.errors import UserError
+
+
+@dataclass
+class Cand:
+    label: str
+    gain: float
+    gain_sd: float
+    worth: float
+    cost: CostEstimate
+
+    @property
+    def rate(self) -> float:
+        return self.worth / self.cost.total_s
+
+
+def cand(worth, transition_s=300.0, measure_s=180.0, label="glue=compile", gain=None, sd=0.02):
+    return Cand(label, worth if gain is None else gain, sd, worth,
+                CostEstimate(transition_s, measure_s, "restart", ("glue",), False))
+
+
+@pytest.mark.parametrize("text,gain,per_s", [("1%/10min", 0.01, 600), ("0.5%/5m", 0.005, 300),
+                                              ("2%/h", 0.02, 3600), ("3% / 90s", 0.03, 90),
+                                              ("1%/1hour", 0.01, 3600)])
+def test_min_gain_parses(text, gain, per_s):
+    mg = MinGain.parse(text)
+    assert mg.gain == pytest.approx(gain) and mg.per_s == pytest.approx(per_s)
+
+
+def test_min_gain_default_and_errors():
+    assert MinGain.parse(None).text == DEFAULT_MIN_GAIN == "1%/10min"
+    assert MinGain.parse("0").rate == 0.0
+    for bad in ("1%", "fast", "1/10min", "%/10min", "1%/0min"):
+        with pytest.raises(UserError, match="--min-gain"):
+            MinGain.parse(bad)
+
+
+def test_worth_it_compares_expected_gain_per_second_with_the_rate():
+    rule = StopRule("1%/10min")
+    # 8 minutes (restart 5 + measure 3): worth it from 0.8% up
+    assert rule.worth_it(cand(0.009))
+    assert not rule.worth_it(cand(0.007))
+    # the same gain for a runtime switch and a 3-minute sweep is worth it
+    assert rule.worth_it(cand(0.007, transition_s=0.0))
+
+
+def test_stop_reason_reads_like_the_case_study():
+    rule = StopRule("1%/10min")
+    pick, why = rule.check([cand(0.004, gain=0.031, sd=0.02)], budget_left_s=7200, reserve_s=300)
+    assert pick is None
+    assert why.startswith("best candidate glue=compile +3.1% ± 2.0% (worth +0.4%) for 8.0 min "
+                          "(restart 5.0 min + measure 3.0 min)")
+    assert why.endswith("< 1%/10min: stopping")
+
+
+def test_budget_must_fit_the_candidate_and_the_final_confirmation():
+    rule = StopRule("1%/10min")
+    big, cheap = cand(0.05), cand(0.01, transition_s=0.0, label="moe_experts=grouped")
+    ranked = sorted([big, cheap], key=lambda c: -c.rate)
+    pick, _ = rule.check(ranked, budget_left_s=3600, reserve_s=300)
+    assert pick is ranked[0]
+    pick, _ = rule.check(ranked, budget_left_s=480 + 100, reserve_s=300)  # 8-min trial does not fit
+    assert pick is cheap
+    pick, why = rule.check(ranked, budget_left_s=400, reserve_s=300)
+    assert pick is None and why.startswith("budget:") and "final confirmation" in why
+
+
+def test_nothing_left_is_a_stop():
+    pick, why = StopRule().check([], 1000, 0)
+    assert pick is None and "nothing left" in why
+
+
+def test_fmt_s():
+    assert fmt_s(45) == "45 s" and fmt_s(480) == "8.0 min" and fmt_s(7200) == "2.0 h"

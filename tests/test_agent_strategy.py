@@ -1,0 +1,171 @@
+"""The agent end to end, through the real search loop on replay tables (simulated clock)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoopt import strategies
+from autoopt.agent.diagnosis import diagnose_trial
+from autoopt.agent.strategy import AgentStrategy
+from autoopt.bench_search import run_one
+from autoopt.results import Measurement
+from autoopt.strategy import Decision, SearchContext, TrialOutcome
+from autoopt.targets.base import EvalRequest
+from autoopt.targets.replay import ReplayTarget, replay_space
+from autoopt.targets.replay_table import load_table
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "replay"
+
+
+@pytest.fixture(scope="module")
+def case_table():
+    return load_table(FIX / "casestudy.csv")
+
+
+def test_registry_has_agent_as_default_and_grid():
+    assert {"agent", "grid"} <= set(strategies.names())
+    assert strategies.default_name() == "agent"
+    space = replay_space(ReplayTarget(FIX / "casestudy.csv"))
+    assert isinstance(strategies.get("agent", space, 0), AgentStrategy)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_agent_finds_the_case_study_optimum_and_stops_by_itself(case_table, seed):
+    budget = 4 * 3600.0
+    r = run_one(case_table, "agent", seed, budget)
+    assert r.stop_reason.startswith("strategy stopped:") and r.stopped_early
+    assert r.elapsed_s < 0.6 * budget  # nothing was worth the rest of the budget
+    assert r.best_frac >= 0.98
+    assert r.trials < 40
+
+
+def test_agent_beats_random_search_on_the_case_study(case_table):
+    agent = [run_one(case_table, "agent", s, 4 * 3600.0) for s in range(3)]
+    rand = [run_one(case_table, "random", s, 4 * 3600.0) for s in range(3)]
+    assert sum(r.best_frac for r in agent) > sum(r.best_frac for r in rand)
+    assert sum(r.reach_s < 1e9 for r in agent) >= sum(r.reach_s < 1e9 for r in rand)
+
+
+def _drive(table, seed: int, budget_s: float, **options):
+    """The agent against a replay target without the loop: every decision it makes, in order."""
+    target = ReplayTarget(table, seed=seed)
+    space = replay_space(target)
+    agent = AgentStrategy(space, seed=seed, **options)
+    history: list[TrialOutcome] = []
+    decisions = []
+    while True:
+        ctx = SearchContext(space, target, list(history), budget_s - target.now(), 0.0,
+                            history[-1].params if history else None)
+        d = agent.propose(ctx)
+        if not isinstance(d, Decision):
+            return agent, decisions, d, history
+        decisions.append(d)
+        t0 = target.now()
+        m = target.evaluate(EvalRequest(space.params_to_config(d.params), tuple(space.concurrency),
+                                        min_samples=10))
+        obj = space.objective.value(m)
+        out = TrialOutcome(len(history), d.params, m, obj, space.objective.ci(m), target.now() - t0,
+                           sum(m.costs_s.get(k, 0.0) for k in ("restart", "build", "compile")), d)
+        history.append(out)
+        agent.observe(out, SearchContext(space, target, list(history), budget_s - target.now(), 0.0, d.params))
+
+
+def test_every_decision_says_where_it_comes_from_what_it_expects_and_costs(case_table):
+    agent, decisions, stop, history = _drive(case_table, 0, 4 * 3600.0)
+    assert decisions[0].source == "baseline"
+    search = [d for d in decisions if d.source not in ("baseline", "repeat")]
+    assert search
+    for d in search:
+        assert d.source.split(":")[0] in ("sampler", "profile", "neighbour")
+        assert d.reason and d.expected_gain is not None and d.expected_gain_sd is not None
+        assert d.expected_cost_s and d.expected_cost_s > 0 and "parent" in d.extra
+        assert "expected" in d.reason and ("measure" in d.reason)
+    assert any(d.source.startswith("profile:") for d in search)
+    assert stop.reason.endswith("< 1%/10min: stopping") or stop.reason.startswith("budget")
+    assert all(n in agent.diagnoses for n in range(len(history)))
+
+
+def test_min_gain_sets_when_the_agent_stops(case_table):
+    _, eager, stop, _ = _drive(case_table, 1, 6 * 3600.0, min_gain="50%/10min")
+    _, default, _, _ = _drive(case_table, 1, 6 * 3600.0)
+    assert "< 50%/10min: stopping" in stop.reason and len(eager) < len(default) / 2
+    _, patient, stop2, _ = _drive(case_table, 1, 3 * 3600.0, min_gain="0")
+    assert stop2.reason.startswith("budget") and len(patient) > 10
+
+
+def test_a_gain_inside_the_noise_is_never_declared_a_win(tmp_path):
+    """Every configuration is truly the same; 3% noise makes some measure several % better. The
+    agent must keep the baseline as its best (max-of-measurements would not)."""
+    rows = ["a,b,c,tok_per_s"] + [f"{a},{b},{c},100" for a in "xyz" for b in "pq" for c in (1, 2, 3)]
+    (tmp_path / "flat.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "flat.restart.yaml").write_text("noise: 0.03\nmeasure_s: 60\nbaseline: {a: x, b: p, c: 1}\n")
+    table = load_table(tmp_path / "flat.csv")
+    kept, naive_moved = 0, 0
+    for seed in range(5):
+        agent, decisions, _, history = _drive(table, seed, 3 * 3600.0, min_gain="0")
+        best = agent.best_params()
+        kept += best == {"a": "x", "b": "p", "c": 1}
+        top = max((t for t in history if t.objective), key=lambda t: t.objective)
+        naive_moved += top.params != {"a": "x", "b": "p", "c": 1}
+    assert kept >= 4 and naive_moved >= 4
+
+
+def test_a_real_small_gain_is_declared_after_interleaved_repeats(tmp_path):
+    rows = ["a,b,c,tok_per_s"] + [f"{a},{b},{c},{104 if a == 'y' else 100}"
+                                  for a in "xyz" for b in "pq" for c in (1, 2, 3)]
+    (tmp_path / "small.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "small.restart.yaml").write_text("noise: 0.02\nmeasure_s: 60\nbaseline: {a: x, b: p, c: 1}\n")
+    table = load_table(tmp_path / "small.csv")
+    found, repeated = 0, 0
+    for seed in range(5):
+        agent, decisions, _, _ = _drive(table, seed, 4 * 3600.0)
+        found += agent.best_params()["a"] == "y"
+        reps = [d for d in decisions if d.source == "repeat"]
+        repeated += bool(reps)
+        assert all("inside the noise" in d.reason for d in reps)
+        if len(reps) >= 2:
+            assert {d.extra["repeat_of"] for d in reps} == {"challenger", "incumbent"}  # interleaved
+    assert found >= 4 and repeated >= 3
+
+
+def test_diagnosis_names_the_casts_that_ate_the_gain():
+    target = ReplayTarget(FIX / "casestudy.csv")
+    space = replay_space(target)
+    base = space.baseline_params()
+    flip = {**base, "mhc_gemm": "bf16"}
+
+    def outcome(n, params, pred=None):
+        m = target.evaluate(EvalRequest(space.params_to_config(params), (64,)))
+        d = Decision(params, "profile:gemm_simt", "x", expected_gain=pred, expected_gain_sd=0.03,
+                     extra={"parent": 0})
+        return TrialOutcome(n, params, m, space.objective.value(m), space.objective.ci(m), 1.0, 0.0, d)
+
+    parent, child = outcome(0, base), outcome(1, flip, pred=0.08)
+    diag = diagnose_trial(child, parent)
+    assert diag.parent == 0 and diag.predicted_gain == 0.08 and abs(diag.actual_gain) < 0.05
+    assert "predicted +8.0% ± 3.0%" in diag.line and "casts ate" in diag.line
+    assert "copy_cast +46.0 ms" in diag.line and "worse than expected" in diag.line
+    failed = TrialOutcome(2, flip, Measurement.failed({}, "crash", "segfault"), None, None, 1.0, 0.0,
+                          Decision(flip, "neighbour", "x", expected_gain=0.01))
+    assert diagnose_trial(failed, parent).line.startswith("failed (crash: segfault)")
+
+
+def test_grid_visits_every_valid_point_once_dearest_knobs_slowest():
+    table = load_table(FIX / "casestudy.csv")
+    target = ReplayTarget(table)
+    space = replay_space(target)
+    grid = strategies.get("grid", space, 0)
+    history: list[TrialOutcome] = []
+    seen = []
+    for _ in range(40):
+        d = grid.propose(SearchContext(space, target, list(history), 1e9, 0.0, None))
+        seen.append(d.params)
+        history.append(TrialOutcome(len(history), d.params, Measurement.failed({}, "excluded", "x"), None,
+                                    None, 0.0, 0.0, d))
+    assert seen[0] == space.baseline_params()
+    keys = [tuple(sorted(p.items())) for p in seen]
+    assert len(set(keys)) == len(keys)
+    # cuda_graphs (a restart) never changes within the first 40 points; runtime knobs change fastest
+    assert len({p["cuda_graphs"] for p in seen[1:]}) == 1
+    assert len({p["moe_experts"] for p in seen[1:3]}) == 2

@@ -1,0 +1,135 @@
+"""`autoopt run` as a real subprocess on the builtin target (tiny preset, CPU): exit codes AND the
+database state afterwards; bad input exits 2 with one line naming what is wrong; Ctrl-C exits 130
+with the running trial recorded as interrupted."""
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import run_autoopt, runs, start_autoopt, trials, wait_for
+
+
+def test_help_documents_exit_codes():
+    out = run_autoopt("run", "--help")
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    for needle in ("0 = finished", "1 = finished but every trial", "2 = bad input", "130 = interrupted",
+                   "--budget", "--max-trials", "--resume", "--strategy", "--study", "--db", "--seed"):
+        assert needle in text, needle
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--budget", "2x"], "--budget: expected a duration like 90s, 2m, 2h or 1h30m, got '2x'"),
+    (["--space", "no_such_space"], "no_such_space: no such space file or space name (known spaces:"),
+    (["--strategy", "nope"], "--strategy: unknown strategy 'nope' (expected one of:"),
+    (["--max-trials", "0"], "--max-trials: expected a positive number"),
+    (["--device", "tpu"], "--device: expected cpu, cuda or auto"),
+    (["--target", "nope"], "--target: unknown target 'nope'"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, args, needle):
+    db = tmp_path / "t.sqlite"
+    out = run_autoopt("run", "--db", str(db), "--budget", "1m", *args)
+    assert out.returncode == 2, out.stderr
+    assert needle in out.stderr and out.stderr.strip().count("\n") == 0, out.stderr
+    assert not db.exists() or trials(db, "dsv4_tiny_cpu") == []
+
+
+def test_invalid_space_file_names_file_line_and_key(tmp_path):
+    space = tmp_path / "broken.yaml"
+    space.write_text("name: broken\npreset: tiny\ndevice: cpu\nknobs:\n  mhc_gemm:\n    scope: everywhere\n")
+    out = run_autoopt("run", "--db", str(tmp_path / "t.sqlite"), "--space", str(space), "--budget", "1m")
+    assert out.returncode == 2
+    assert "broken.yaml:6: knobs.mhc_gemm.scope: expected global, layer_class" in out.stderr
+
+
+def test_unreachable_database_exits_2(tmp_path):
+    out = run_autoopt("run", "--db", str(tmp_path / "no" / "such" / "dir" / "t.sqlite"), "--budget", "1m")
+    assert out.returncode == 2 and "does not exist" in out.stderr
+
+
+def test_resume_without_a_study_exits_2(tmp_path):
+    out = run_autoopt("run", "--db", str(tmp_path / "t.sqlite"), "--resume", "--study", "ghost")
+    assert out.returncode == 2 and "no study 'ghost'" in out.stderr
+
+
+TABLE = Path(__file__).resolve().parent / "fixtures" / "replay" / "casestudy.csv"
+
+
+def test_replay_run_spends_simulated_budget_and_resumes(tmp_path):
+    db = tmp_path / "t.sqlite"
+    out = run_autoopt("run", "--target", f"replay:{TABLE}", "--budget", "2h", "--db", str(db),
+                      "--strategy", "tpe", "--seed", "5", "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(out.stdout)
+    study = doc["study"]
+    assert study == "replay_casestudy" and doc["elapsed_s"] <= 7200
+    rows = trials(db, study)
+    assert len(rows) == doc["trials_this_run"] >= 10
+    assert rows[0].is_baseline and rows[-1].decision["source"] == "confirm"
+    assert sum(r.extra["cost_s"] for r in rows) <= 7200  # restarts and compiles included
+    (run,) = runs(db, study)
+    assert run.target == f"replay:{TABLE}" and run.state == "finished"
+    out = run_autoopt("run", "--resume", "--budget", "30m", "--db", str(db), "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout)["study"] == study
+    first, second = runs(db, study)
+    assert second.settings["strategy"] == "tpe" and second.settings["target_spec"] == f"replay:{TABLE}"
+    assert len(trials(db, study)) > len(rows)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_run_records_baseline_trials_and_confirmation(tmp_path):
+    db = tmp_path / "t.sqlite"
+    out = run_autoopt("run", "--db", str(db), "--max-trials", "3", "--budget", "8m", "--strategy", "random",
+                      "--seed", "7", "--study", "cli", "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(out.stdout)
+    assert doc["study"] == "cli" and doc["state"] == "finished"
+    assert doc["stop_reason"] == "max trials reached (3)"
+    rows = trials(db, "cli")
+    assert len(rows) == doc["trials_this_run"] in (3, 4)
+    assert rows[0].number == 0 and rows[0].is_baseline and rows[0].state == "ok"
+    assert rows[0].params["mhc_gemm@c4"] == "fp32" and rows[0].config["layer_overrides"] == []
+    assert all(r.state in ("ok", "wrong", "failed") for r in rows)
+    assert rows[0].objective_name == "tok_per_s@4" and rows[0].objective_ci is not None
+    assert rows[0].measurement.tok_per_s["4"].n >= 3
+    if len(rows) == 4:
+        assert rows[3].decision["source"] == "confirm"
+        assert doc["confirmation"]["number"] == 3
+    (run,) = runs(db, "cli")
+    assert run.state == "finished" and run.seed == 7 and run.settings["strategy"] == "random"
+    assert run.settings["objective"] == "tok_per_s@4" and run.space_name == "dsv4_tiny_cpu"
+    assert doc["best"]["objective"] == max(r.objective for r in rows[:3] if r.objective)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ctrl_c_records_the_running_trial_as_interrupted_and_exits_130(tmp_path):
+    db, log = tmp_path / "t.sqlite", tmp_path / "run.log"
+    proc = start_autoopt("run", "--db", str(db), "--budget", "10m", "--strategy", "random", "--study", "c",
+                         "--plain", log=log)
+    try:
+        wait_for(lambda: any(r.state == "running" for r in trials(db, "c")), 240, proc,
+                 "a running trial", log)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    rows = trials(db, "c")
+    assert rows and all(r.state != "running" for r in rows)
+    last = rows[-1]
+    assert last.failure is not None and last.failure.kind == "interrupted"
+    (run,) = runs(db, "c")
+    assert run.state == "interrupted" and "Ctrl-C" in run.stop_reason
+    # running again continues the study and re-measures the interrupted configuration first
+    out = run_autoopt("run", "--db", str(db), "--max-trials", "1", "--budget", "5m", "--strategy", "random",
+                      "--study", "c", "--no-confirm")
+    assert out.returncode == 0, out.stderr[-3000:]
+    new = trials(db, "c")[len(rows):]
+    assert new[0].params == last.params and new[0].decision["extra"]["rerun_of"] == last.number

@@ -1,0 +1,233 @@
+"""The search loop, budget and strategies against real parts: a real SQLite store and the replay target
+(recorded table, simulated clock: deterministic and instant). Budget arithmetic is unit-tested."""
+from __future__ import annotations
+
+import io
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autoopt import strategies
+from autoopt.budget import Budget, CostEstimator, format_duration, parse_duration
+from autoopt.errors import UserError
+from autoopt.live_view import LiveView
+from autoopt.loop import LoopSettings, SearchLoop
+from autoopt.space import SearchSpace, TargetInfo
+from autoopt.store import Store
+from autoopt.targets.replay import ReplayTarget, replay_space
+
+TABLE = Path(__file__).resolve().parent / "fixtures" / "replay" / "casestudy.csv"
+
+
+# ---- budget arithmetic ---------------------------------------------------------------------------
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("2m", 120), ("2h", 7200), ("1h30m", 5400),
+                                           ("1.5h", 5400), ("45", 45), ("1h 30m", 5400), ("2M", 120)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "2x", "m", "-1m", "0s", "1h30", "abc", "1m1"])
+def test_parse_duration_rejects(text):
+    with pytest.raises(UserError, match="--budget: expected a duration like 90s, 2m, 2h or 1h30m"):
+        parse_duration(text)
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (5.25, 42, 95, 5400)] == ["5.2s", "42s", "1m35s", "1h30m"]
+
+
+def test_budget_keeps_the_reserve_back():
+    now = [100.0]
+    b = Budget(total_s=120.0, clock=lambda: now[0])
+    b.start()
+    now[0] += 70.0
+    assert b.elapsed_s == 70.0 and b.left_s == 50.0
+    b.set_reserve(30.0)
+    assert b.reserve_s == 30.0 and b.spendable_s == 20.0  # under 25 % of 120
+    assert b.can_afford(20.0) and not b.can_afford(20.5)
+    assert b.can_afford(50.0, use_reserve=True) and not b.can_afford(51.0, use_reserve=True)
+    b.set_reserve(1000.0)
+    assert b.reserve_s == 30.0  # capped at a quarter of the budget
+    assert "kept to confirm the best" in b.why_not(25.0)
+
+
+def test_cost_estimator_learns_medians_per_restart_class():
+    c = CostEstimator(default_measure_s=10.0)
+    assert c.expected_trial_s("restart", declared_transition_s=6.0) == 16.0
+    for t, m in ((2.0, 4.0), (4.0, 6.0), (30.0, 5.0)):
+        c.observe("recompile", t, m)
+    assert c.expected_measure_s() == 5.0 and c.expected_transition_s("recompile") == 4.0
+    assert c.expected_transition_s("rebuild", declared_s=3.0) == 3.0
+
+
+# ---- the strategy registry -----------------------------------------------------------------------
+def test_registry_names_default_and_unknown():
+    names = strategies.names()
+    assert {"tpe", "random", "gp"} <= set(names)
+    assert strategies.default_name() == ("agent" if "agent" in names else "tpe")
+    with pytest.raises(UserError, match="unknown strategy 'nope'.*tpe"):
+        strategies.get("nope", space=None)
+
+
+def test_register_a_strategy():
+    made = []
+    strategies.register("test-only", lambda space, seed=None, **o: made.append((space, seed)) or "S")
+    assert strategies.get("test-only", "space", 3) == "S" and made == [("space", 3)]
+
+
+# ---- the loop on a replay target and a real store ------------------------------------------------
+def _loop(tmp_path: Path, strategy: str = "tpe", budget_s: float = 3600.0, max_trials: int | None = None,
+          space=None, target=None, observer=None, study: str = "s", seed: int = 1):
+    target = target or ReplayTarget(TABLE, seed=seed)
+    space = space or replay_space(target)
+    store = Store.open(str(tmp_path / "t.sqlite"))
+    budget = Budget(budget_s, clock=target.now)
+    run_id = store.start_run(study, "test", space.name, space.sha256, "replay", None, seed,
+                             {"objective": f"tok_per_s@{target.concurrency}"})
+    loop = SearchLoop(store, target, space, strategies.get(strategy, space, seed), budget,
+                      LoopSettings(study_name=study, max_trials=max_trials, handle_sigint=False),
+                      observer=observer, run_id=run_id)
+    return loop, store
+
+
+@pytest.mark.parametrize("strategy", ["tpe", "random"])
+def test_budget_is_never_overspent_and_the_best_is_confirmed(tmp_path, strategy):
+    loop, store = _loop(tmp_path, strategy, budget_s=3600.0)
+    result = loop.run()
+    assert result.exit_code == 0 and result.state == "finished"
+    assert loop.target.now() <= 3600.0 + 1e-6  # simulated seconds, restarts and compiles included
+    rows = store.trials("s")
+    assert len(rows) == len(result.trials) >= 10
+    assert rows[0].number == 0 and rows[0].is_baseline and rows[0].decision["source"] == "baseline"
+    assert rows[-1].decision["source"] == "confirm"
+    assert rows[-1].params == result.best.params
+    assert rows[0].state == "ok" and sum(r.state == "ok" for r in rows) >= len(rows) // 2
+    assert all(r.state in ("ok", "failed") for r in rows)  # failed: rows the table records as failing
+    keys = [loop.space.config_key(r.params) for r in rows[:-1]]
+    assert len(keys) == len(set(keys)), "a sampler strategy re-measured a configuration"
+    run = store.runs("s")[-1]
+    assert run.state == "finished" and run.stop_reason == result.stop_reason
+    assert result.best.objective >= result.baseline.objective
+
+
+def test_max_trials_counts_search_trials_and_confirmation_is_extra(tmp_path):
+    loop, store = _loop(tmp_path, "random", max_trials=4)
+    result = loop.run()
+    assert result.stop_reason == "max trials reached (4)"
+    sources = [r.decision["source"] for r in store.trials("s")]
+    assert sources[0] == "baseline" and len(sources) in (4, 5)
+    assert sources[-1] == "confirm" or result.best is result.baseline
+
+
+def test_a_trial_that_does_not_fit_is_not_started(tmp_path):
+    # the first evaluation pays a fresh start (300 s) + 120 s of measurement: 500 s hold that only
+    loop, store = _loop(tmp_path, "random", budget_s=500.0)
+    result = loop.run()
+    assert result.stop_reason.startswith(("budget", "strategy stopped"))
+    assert loop.target.now() <= 500.0 + 1e-6
+    assert result.exit_code == 0 and [r.number for r in store.trials("s")] == [0]
+
+
+def test_a_budget_too_small_for_the_baseline_starts_nothing(tmp_path):
+    loop, store = _loop(tmp_path, "random", budget_s=200.0)
+    result = loop.run()
+    assert result.stop_reason.startswith("budget: next trial expected to take")
+    assert loop.target.now() == 0.0 and store.trials("s") == [] and result.exit_code == 0
+
+
+def test_constraints_hold_for_every_proposed_trial(tmp_path):
+    target = ReplayTarget(TABLE, seed=2)
+    path = tmp_path / "c.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: constrained
+        target: replay
+        concurrency: [64]
+        objective: {concurrency: 64}
+        knobs:
+          mhc_gemm: {values: [fp32, bf16], restart_class: none}
+          mhc_operand: {values: [cast_from_fp32, view_bf16_residual], restart_class: none}
+          attention: {values: [per_head, mma], restart_class: recompile}
+          moe_experts: {values: [loop, grouped], restart_class: none}
+        constraints:
+          - "mhc_operand == 'cast_from_fp32' or mhc_gemm == 'bf16'"
+        """))
+    space = SearchSpace.load(path, TargetInfo.from_target(target))
+    loop, store = _loop(tmp_path, "tpe", space=space, target=target, budget_s=1e6)
+    result = loop.run()
+    assert "exhausted" in result.stop_reason  # 12 feasible of 16: all measured, then a clean stop
+    rows = [r for r in store.trials("s") if r.decision["source"] != "confirm"]
+    assert len(rows) == 12
+    assert all(r.params["mhc_operand"] == "cast_from_fp32" or r.params["mhc_gemm"] == "bf16" for r in rows)
+
+
+def test_running_trials_of_a_dead_process_are_rerun_first(tmp_path):
+    target = ReplayTarget(TABLE, seed=3)
+    space = replay_space(target)
+    dead = Store.open(str(tmp_path / "t.sqlite"))
+    run = dead.start_run("s", "killed", space.name, space.sha256, "replay", None, 3, {})
+    h0 = dead.begin_trial(run, "s", space.baseline_params(), space.params_to_config(space.baseline_params()), None)
+    from autoopt.strategy import Decision
+
+    params = dict(space.baseline_params(), attention="mma")
+    h1 = dead.begin_trial(run, "s", params, space.params_to_config(params),
+                          Decision(params, "sampler:tpe", "from the killed run"))
+    dead.close()  # never finished: as if kill -9 hit while trial 1 was measuring
+    assert (h0.number, h1.number) == (0, 1)
+    loop, store = _loop(tmp_path, "random", space=space, target=target, max_trials=3)
+    result = loop.run()
+    rows = store.trials("s")
+    assert [r.state for r in rows[:2]] == ["interrupted", "interrupted"]
+    assert rows[2].decision["source"] == "baseline" and rows[2].decision["extra"]["rerun_of"] == 0
+    assert rows[3].decision["source"] == "resume" and rows[3].params == params
+    assert rows[3].decision["extra"]["rerun_of"] == 1
+    assert result.exit_code == 0
+    # a third run does not re-run them again
+    loop2, store2 = _loop(tmp_path, "random", space=space, target=ReplayTarget(TABLE, seed=4), max_trials=1)
+    loop2.run()
+    assert [r.decision["source"] for r in store2.trials("s")[len(rows):]][0] == "sampler:random"
+
+
+def test_every_trial_failing_exits_1(tmp_path):
+    table = tmp_path / "bad.csv"  # the one working row (a=w) lies outside the space below
+    table.write_text("a,b,tok_per_s,error\n" + "".join(
+        f"{a},{b},,broken kernel\n" for a in ("x", "y", "z") for b in ("p", "q", "r")) + "w,p,10.0,\n")
+    target = ReplayTarget(table, seed=0)
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\ntarget: replay\nconcurrency: [1]\nknobs:\n"
+                    "  a: {values: [x, y, z]}\n  b: {values: [p, q, r]}\n")
+    space = SearchSpace.load(path, TargetInfo.from_target(target))
+    loop, store = _loop(tmp_path, "random", target=target, space=space)
+    result = loop.run()
+    assert result.exit_code == 1 and result.state == "failed"
+    assert "none ever succeeded" in result.stop_reason and "broken kernel" in result.stop_reason
+    assert store.runs("s")[-1].state == "failed"
+    assert all(r.state == "failed" for r in store.trials("s"))
+
+
+def test_plain_log_lines(tmp_path):
+    out = io.StringIO()
+    loop, _ = _loop(tmp_path, "random", max_trials=3, observer=LiveView(live=False, stream=out))
+    loop.run()
+    text = out.getvalue()
+    assert "trial #0 start [baseline" in text and "trial #0 ok:" in text and "tok/s" in text
+    assert "best #" in text and "stop: max trials reached (3)" in text
+    assert "\x1b[" not in text  # no terminal control codes when not a TTY
+
+
+def test_live_panel_renders(tmp_path):
+    from rich.console import Console
+
+    view = LiveView(live=False, stream=io.StringIO())
+    loop, _ = _loop(tmp_path, "random", max_trials=3, observer=view)
+    loop.run()
+    console = Console(file=io.StringIO(), width=100, record=True)
+    console.print(view._render())
+    text = console.export_text()
+    assert "budget" in text and "best" in text and "vs baseline" in text
+
+
+def test_gp_strategy_runs(tmp_path):
+    loop, store = _loop(tmp_path, "gp", max_trials=6)
+    assert loop.run().exit_code == 0
+    assert len(store.trials("s")) >= 6

@@ -1,0 +1,155 @@
+"""The worker process and its client, for real: a child python, real signals, real allocations.
+
+Each fault comes back as a structured WorkerFailure (kind, reason, stderr tail), the parent carries
+on, and a new worker can be started afterwards.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from autoopt.worker import RestartRequired, classify
+from autoopt.worker_client import WorkerClient, WorkerFailure
+from conftest import HAS_CUDA, requires_cuda
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+def _hooks_env() -> dict[str, str]:
+    return dict(os.environ, AUTOOPT_TEST_HOOKS="1")
+
+
+@pytest.fixture
+def worker():
+    client = WorkerClient(DEVICE, env=_hooks_env(), startup_timeout_s=120)
+    client.start()
+    yield client
+    client.close()
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie still answers kill(0); the client reaps it, so it should not linger
+    return False
+
+
+def test_hello_and_describe_come_from_the_child(worker):
+    assert worker.hello["pid"] != os.getpid()
+    assert worker.start_s and worker.start_s > 0
+    d = worker.request("describe", timeout_s=60)
+    env = d["environment"]
+    assert env["torch"] and env["python"] and env["hostname"]
+    assert d["capabilities"]["cuda"] is HAS_CUDA
+
+
+def test_exception_is_reported_and_the_worker_survives(worker):
+    with pytest.raises(WorkerFailure) as info:
+        worker.request("fault", kind="exception", timeout_s=30)
+    f = info.value
+    assert f.kind == "exception" and not f.dead
+    assert "injected fault" in f.reason
+    assert "RuntimeError" in f.stderr_tail  # the traceback reached the parent
+    assert worker.request("hello", timeout_s=30)["pid"] == worker.pid  # same process still serving
+
+
+def test_oom_is_reported_as_oom_and_the_worker_survives(worker):
+    with pytest.raises(WorkerFailure) as info:
+        worker.request("fault", kind="oom", timeout_s=120)
+    assert info.value.kind == "oom", info.value.reason
+    assert not info.value.dead
+    assert worker.request("hello", timeout_s=30)["pid"] == worker.pid
+
+
+def test_segfault_is_a_crash_with_the_signal_and_a_stack(worker):
+    pid = worker.pid
+    with pytest.raises(WorkerFailure) as info:
+        worker.request("fault", kind="segfault", timeout_s=30)
+    f = info.value
+    assert f.kind == "crash" and f.dead
+    assert "SIGSEGV" in f.reason
+    assert "Segmentation fault" in f.stderr_tail  # faulthandler's dump
+    assert not worker.alive and _pid_gone(pid)
+    # the parent carries on: a fresh worker answers
+    with WorkerClient(DEVICE, env=_hooks_env()) as fresh:
+        assert fresh.request("hello", timeout_s=30)["pid"] not in (pid, os.getpid())
+
+
+def test_hang_is_killed_after_the_timeout(worker):
+    pid = worker.pid
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailure) as info:
+        worker.request("fault", kind="hang", timeout_s=1.5)
+    took = time.monotonic() - t0
+    assert info.value.kind == "hang" and info.value.dead
+    assert 1.4 < took < 15
+    assert not worker.alive and _pid_gone(pid)
+
+
+def test_cuda_fault_not_applicable_on_cpu():
+    with WorkerClient("cpu", env=_hooks_env()) as w:
+        r = w.request("fault", kind="cuda", timeout_s=30)
+        assert r["applicable"] is False and "no CUDA" in r["reason"]
+
+
+@requires_cuda
+def test_cuda_device_error_is_fatal_and_reported(worker):
+    with pytest.raises(WorkerFailure) as info:
+        worker.request("fault", kind="cuda", timeout_s=60)
+    assert info.value.kind == "cuda" and info.value.dead
+    assert not worker.alive
+
+
+def test_stray_stdout_does_not_corrupt_the_protocol(worker):
+    assert worker.request("fault", kind="stdout_noise", timeout_s=30) == {"applicable": True}
+    assert worker.request("hello", timeout_s=30)["pid"] == worker.pid
+    assert "noise written to fd 1" in worker.stderr_tail()
+
+
+def test_fault_op_refused_without_the_test_hook_env():
+    env = {k: v for k, v in os.environ.items() if k != "AUTOOPT_TEST_HOOKS"}
+    with WorkerClient("cpu", env=env) as w:
+        with pytest.raises(WorkerFailure) as info:
+            w.request("fault", kind="segfault", timeout_s=30)
+        assert info.value.kind == "exception" and "AUTOOPT_TEST_HOOKS" in info.value.reason
+        assert w.alive  # refused, not executed
+
+
+def test_close_ends_the_process_and_eof_ends_a_worker():
+    w = WorkerClient("cpu")
+    w.start()
+    pid = w.pid
+    w.close()
+    assert not w.alive and w.proc.returncode == 0 and _pid_gone(pid)
+    # the parent vanishing (stdin EOF) also ends the worker instead of leaving an orphan
+    w2 = WorkerClient("cpu")
+    w2.start()
+    w2.proc.stdin.close()
+    assert w2.proc.wait(timeout=30) == 0
+
+
+def test_request_to_dead_worker_is_a_crash_not_an_exception_of_python():
+    w = WorkerClient("cpu")
+    w.start()
+    w.kill()
+    with pytest.raises(WorkerFailure) as info:
+        w.request("hello", timeout_s=5)
+    assert info.value.kind == "crash" and info.value.dead and "SIGKILL" in info.value.reason
+
+
+def test_classify_real_exceptions():
+    import torch
+
+    assert classify(MemoryError()) == ("oom", False)
+    assert classify(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")) == ("oom", False)
+    try:
+        torch.empty(1 << 62, dtype=torch.uint8)  # a real failed allocation
+    except RuntimeError as exc:
+        assert classify(exc) == ("oom", False)
+    assert classify(RuntimeError("CUDA error: an illegal memory access was encountered")) == ("cuda", True)
+    assert classify(RestartRequired("shape"))[0] == "restart_required"
+    assert classify(ValueError("bad")) == ("exception", False)
