@@ -75,6 +75,8 @@ class _ReachObserver:
         self.reach_s: float | None = None
         self.best_frac = 0.0
         self.trials = 0
+        self._best: Any = None
+        self.last_search_end = 0.0
 
     def true_frac(self, params: dict[str, Any] | None) -> float:
         if params is None:
@@ -88,14 +90,28 @@ class _ReachObserver:
         self.trials += 1
         if outcome.decision is not None and outcome.decision.source == "confirm":
             return
+        self._best = best
+        self._update(self.target.now())
+
+    def _update(self, now: float) -> None:
+        best = self._best
         chosen = self.strategy.best_params() if hasattr(self.strategy, "best_params") else \
             (best.params if best is not None else None)
         self.best_frac = self.true_frac(chosen)
         if self.reach_s is None and self.best_frac >= 1.0 - WITHIN:
-            self.reach_s = self.target.now()
+            self.reach_s = now
+        self.last_search_end = now
 
-    def __getattr__(self, name: str) -> Any:  # the other observer events: nothing to do
-        return lambda *a, **k: None
+    def stopped(self) -> None:
+        """The strategy may settle its best when it decides to stop (after the last search trial)."""
+        self._update(self.last_search_end)
+
+    def run_started(self, *args: Any) -> None: ...
+    def trial_started(self, *args: Any) -> None: ...
+    def phase(self, *args: Any) -> None: ...
+    def note(self, *args: Any) -> None: ...
+    def run_finished(self, *args: Any) -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -171,6 +187,7 @@ def run_one(table: ReplayTable, strategy: str, seed: int, budget_s: float,
                       LoopSettings(study_name=f"bench-{strategy}-{seed}", handle_sigint=False),
                       observer=obs)
     result = loop.run()
+    obs.stopped()
     stopped = result.stop_reason.startswith("strategy stopped") and "exhausted" not in result.stop_reason
     return RunStats(table=table.path.name, strategy=strategy, seed=seed,
                     reach_s=obs.reach_s if obs.reach_s is not None else math.inf,
@@ -180,12 +197,14 @@ def run_one(table: ReplayTable, strategy: str, seed: int, budget_s: float,
 
 
 def default_budget_s(table: ReplayTable) -> float:
-    """A tenth of what measuring every row once would take (restarts not counted): long enough for
-    every strategy to get near, short enough that exhausting the table is not an option."""
+    """A tenth of what measuring every row once would take (restarts not counted), and at least
+    what 40 typical trials take (a restart of the median knob, compile, measurement): long enough
+    for every strategy to get near, short enough that exhausting a large table is not an option."""
     target = ReplayTarget(table)
     per_row = [(r.measure_s if r.measure_s is not None else target.measure_s) + r.compile_s
                for r in table.rows.values()]
-    return 0.10 * sum(per_row)
+    typical = statistics.median(per_row) + statistics.median(target.restart_s.values() or [0.0])
+    return max(0.10 * sum(per_row), 40.0 * typical)
 
 
 def _job(args: tuple) -> RunStats:
@@ -239,13 +258,13 @@ def _quantiles(xs: list[float]) -> tuple[float, float, float]:
     if not xs:
         return math.nan, math.nan, math.nan
 
-    def q(p: float) -> float:  # linear interpolation; inf stays inf
+    def q(p: float) -> float:  # linear interpolation; next to a "never", the nearest rank
         pos = p * (len(xs) - 1)
         lo, hi = math.floor(pos), math.ceil(pos)
         if lo == hi or xs[hi] == xs[lo]:
             return xs[lo]
         if math.isinf(xs[hi]):
-            return math.inf
+            return xs[lo] if pos - lo < 0.5 else math.inf  # a tie goes to "never"
         return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
     return q(0.25), q(0.5), q(0.75)
 
@@ -274,6 +293,8 @@ def summarize(runs: list[RunStats], budgets: dict[str, float]) -> dict[str, dict
 def _t(s: float) -> str:
     if not math.isfinite(s):
         return "never"
+    if s < 90:
+        return f"{s:.0f}s"
     return f"{s / 60:.0f}m" if s < 5400 else f"{s / 3600:.1f}h"
 
 

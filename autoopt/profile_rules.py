@@ -21,6 +21,14 @@ Decisions (and why):
   `cutlass::gemm` in their template names; the *indexer* rule comes after them, so an indexer GEMM
   that runs through cuBLAS still counts as a GEMM while a Triton `*indexer*` kernel counts as
   attention (the notes treat the lightning indexer as part of sparse attention).
+- The Triton mHC kernels of dsv4 (dsv4.triton_mhc) say their GEMM's precision in their names, because
+  one kernel body serves both: `*_fp32_*` (fp32 operands, ieee products on CUDA cores) -> gemm_simt,
+  `*_bf16_*` (tl.dot on 16-bit operands, tensor cores) -> gemm_tensorop. That covers the split-K
+  pre-norm GEMM (mhc_prenorm_{fp32,bf16}_kernel), its split-K reduction
+  (mhc_prenorm_{fp32,bf16}_combine_kernel: part of the GEMM it finishes, as cuBLAS's splitKreduce is)
+  and the fused hc_post + next hc_pre (mhc_post_pre_{fp32,bf16}_kernel: the pre-norm GEMM with the
+  hc_post as its prologue; a GEMM with a fused prologue/epilogue is still a GEMM, and fusing moves
+  hc_post's elementwise time into it, which is what the mhc_fuse_post_pre knob is expected to do).
 - softmax -> norm: like RMSNorm/LayerNorm it reads a row, takes a row statistic and rescales the
   row; keeping it out of `elementwise` keeps that bucket meaning pure pointwise glue.
 - top-k and sorts -> reduce: a top-k is a row reduction that keeps k values (and `gatherTopK` must
@@ -80,9 +88,11 @@ RULES: tuple[Rule, ...] = (
          r"|cutlass::gemm|cutlass3x|deep_?gemm|marlin|machete|cublasLt", "kernel",
          "tensor-core GEMMs: cuBLAS nvjet (Hopper), cutlass tensorop, xmma without ffma, wgmma"),
     Rule("gemm_simt", r"mhc\w*(simt|fp32|ieee)", "kernel",
-         "Triton mHC pre-norm GEMM, fp32-operand (FMA) variant, when its name says so"),
+         "Triton mHC GEMMs with fp32 operands (ieee FMA): mhc_prenorm_fp32_kernel, its split-K "
+         "combine, mhc_post_pre_fp32_kernel (hc_post fused as the GEMM's prologue)"),
     Rule("gemm_tensorop", r"mhc\w*(tensor|_tc|bf16|fp16)", "kernel",
-         "Triton mHC pre-norm GEMM, bf16 tensor-core variant, when its name says so"),
+         "Triton mHC GEMMs on tensor cores: mhc_prenorm_bf16_kernel, its split-K combine, "
+         "mhc_post_pre_bf16_kernel (hc_post fused as the GEMM's prologue)"),
     Rule("attention", r"indexer|lightning_index", "any",
          "the DSA lightning indexer is part of sparse attention; after the vendor GEMM rules so its "
          "GEMM, when it runs through cuBLAS, still counts as a GEMM"),

@@ -20,7 +20,7 @@ def machine_meta() -> dict[str, Any]:
     }
     for mod in ("torch", "triton", "optuna", "sqlalchemy"):
         try:
-            meta[mod] = __import__(mod).__version__
+            meta[mod] = str(__import__(mod).__version__)
         except ImportError:
             meta[mod] = None
     try:

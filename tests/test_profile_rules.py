@@ -81,6 +81,29 @@ def test_named_kernels(name, bucket):
     assert classify(name) == bucket
 
 
+@pytest.mark.parametrize("name,bucket", [
+    # dsv4's Triton kernels (dsv4.triton_*): the mHC ones carry their GEMM's operand precision
+    ("mhc_prenorm_fp32_kernel", "gemm_simt"), ("mhc_prenorm_bf16_kernel", "gemm_tensorop"),
+    ("mhc_prenorm_fp32_combine_kernel", "gemm_simt"),  # split-K reduction: its GEMM's bucket
+    ("mhc_prenorm_bf16_combine_kernel", "gemm_tensorop"),
+    ("mhc_post_pre_fp32_kernel", "gemm_simt"),  # hc_post fused as the pre-norm GEMM's prologue
+    ("mhc_post_pre_bf16_kernel", "gemm_tensorop"),
+    ("indexer_scores_kernel", "attention"), ("sparse_mqa_decode_combine_kernel", "attention"),
+    ("moe_gate_up_kernel", "moe"), ("moe_down_kernel", "moe"), ("moe_reduce_kernel", "moe"),
+])
+def test_dsv4_triton_kernels(name, bucket):
+    assert classify(name) == bucket
+    # decided by the name alone: no launch context (External id, previous GEMM) can move them
+    assert classify(name, gemm_of_launch="gemm_tensorop" if bucket == "gemm_simt"
+                    else "gemm_simt") == bucket
+
+
+def test_mhc_kernels_without_a_precision_in_their_name_are_not_guessed():
+    # the old single-body names could be either GEMM; the rules do not pick one silently
+    assert classify("mhc_prenorm_kernel") == "other"
+    assert classify("mhc_post_pre_kernel") == "other"
+
+
 def test_order_attention_before_vendor_gemm_but_indexer_after():
     # Fused attention embeds cutlass::gemm in its template name: attention must win.
     fa3 = "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<cutlass::gemm::" \

@@ -142,6 +142,21 @@ class BucketModel:
         top = self.buckets[int(np.argmax(saved))] if saved.max() > 0 else ""
         return total / new_total - 1.0, top
 
+    def explain(self, ref_code: np.ndarray, ref_ms: dict[str, float], code: np.ndarray) -> tuple[float, str]:
+        """Predicted relative gain of moving from the profiled reference to `code` (any number of
+        changes), and the bucket that saves most."""
+        if not self.ready or not ref_ms:
+            return 0.0, ""
+        d = self.deltas()
+        P = len(self.view.params)
+        r = self._ref(ref_ms)
+        change = d[np.arange(P), code, :].sum(axis=0) - d[np.arange(P), ref_code, :].sum(axis=0)
+        after = np.maximum(0.0, r + change)
+        if r.sum() <= 0 or after.sum() <= 0:
+            return 0.0, ""
+        saved = r - after
+        return r.sum() / after.sum() - 1.0, (self.buckets[int(np.argmax(saved))] if saved.max() > 0 else "")
+
     def speedup_text(self, p: int, v: int) -> str:
         """'attention x2.4' : the learned speed-up of p=v on the bucket it changes most."""
         if not self.ready:

@@ -27,6 +27,7 @@ from autoopt.agent.model import GainModel, expected_improvement
 from autoopt.agent.propose import Candidate
 from autoopt.agent.view import SpaceView
 
+PROFILE_MIN_GAIN = 0.01
 BATCH_MAX = 3
 BATCH_DISCOUNT = 0.5
 
@@ -54,7 +55,8 @@ class Chooser:
         self.view, self.model, self.costs, self.failures = view, model, costs, failures
 
     def rank(self, cands: list[Candidate], incumbent: np.ndarray, f_best: float, built: np.ndarray | None,
-             transition_of: Any, skip: set[tuple[int, ...]]) -> list[Scored]:
+             transition_of: Any, skip: set[tuple[int, ...]],
+             incumbent_ms: dict[str, float] | None = None) -> list[Scored]:
         """Score and sort (best rate first). `transition_of(code)` -> the target's Transition or None;
         `f_best`: the incumbent's log objective over the baseline (GP posterior mean)."""
         if not cands:
@@ -77,7 +79,24 @@ class Chooser:
         scored.sort(key=lambda s: -s.rate)
         self._batch(scored, built, f_best, skip)
         scored.sort(key=lambda s: -s.rate)
+        self._credit_profile(scored[:20], incumbent, incumbent_ms or {})
         return scored
+
+    def _credit_profile(self, scored: list[Scored], incumbent: np.ndarray, inc_ms: dict[str, float]) -> None:
+        """A candidate whose expected gain is mostly the profile model's (Amdahl on the incumbent's
+        buckets) is profile-guided, whichever source proposed it: say so, and which bucket."""
+        buckets = self.model.buckets
+        if buckets is None or not buckets.ready or not inc_ms:
+            return
+        for s in scored:
+            if s.cand.source.startswith("profile:"):
+                continue
+            gain, top = buckets.explain(incumbent, inc_ms, s.code)
+            if top and gain > PROFILE_MIN_GAIN and gain >= 0.5 * s.gain:
+                total = sum(inc_ms.values()) or 1.0
+                s.cand = Candidate(s.cand.code, f"profile:{top}",
+                                   f"{top} {100 * inc_ms.get(top, 0.0) / total:.0f}% of the step: Amdahl "
+                                   f"{100 * gain:+.1f}% (proposed as {s.cand.source})")
 
     def _batch(self, scored: list[Scored], built: np.ndarray | None, f_best: float,
                skip: set[tuple[int, ...]]) -> None:

@@ -174,6 +174,21 @@ class GainModel:
         return mu, np.sqrt(np.maximum(var, 1e-10))
 
 
+    def difference(self, a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+        """Posterior mean and sd of f(a) - f(b): the joint posterior, so evidence shared through the
+        model (a main effect seen in many pairs of trials) counts, not only repeats of a and b."""
+        X = np.stack([a, b])
+        mu = self.prior_mean(X)
+        K = self.kernel(X, X)
+        if self._L is not None:
+            Ks = self.kernel(X, self.X)
+            mu = mu + Ks @ self._alpha
+            v = np.linalg.solve(self._L, Ks.T)
+            K = K - v.T @ v
+        var = K[0, 0] + K[1, 1] - 2 * K[0, 1]
+        return float(mu[0] - mu[1]), math.sqrt(max(var, 1e-12))
+
+
 def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
     """E[max(0, f - best)] for f ~ N(mu, sd) (all in log-objective units)."""
     z = (mu - best) / sd

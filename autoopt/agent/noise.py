@@ -2,11 +2,14 @@
 
 Every measured trial gives log(objective) and its own sd (from the measurement's confidence
 interval: half-width / 1.96 in log units). Repeats of one configuration are pooled by inverse
-variance; run-to-run scatter beyond what the CIs admit (a restart lands on other clocks, other
-memory placement) is estimated from configurations measured more than once and added to every sd.
+variance. CIs from one run can promise more or less than runs really scatter (a restart lands on
+other clocks, other memory placement; an order-statistic CI of few samples is wide): once repeats
+give enough degrees of freedom, every sd is calibrated against the scatter actually observed.
 
 A challenger that measured better than the incumbent becomes the new best only when the difference
-is above `z` sds of the difference (one-sided 95% by default), judged on its repeats only: its
+is above `z` sds of the difference (one-sided 99.5% by default: the test is repeated after every
+repeat, and many challengers are tested in one run, so 95% would crown a tie every other run), judged
+on its repeats only: its
 first measurement is the one that made it look best among many (the winner's curse), so only the
 measurements taken after it was singled out are an unbiased look. A first measurement that is above
 `z_single` (3) sds is a win at once. While it is not, the agent
@@ -21,7 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Hashable
 
-Z_ONE_SIDED_95 = 1.645
+Z_ONE_SIDED_995 = 2.576
+PRIOR_DOF = 8.0  # the CIs' own word counts as this many repeats
 Z_SINGLE = 3.0  # one measurement this far ahead is a win without a repeat (0.13% false wins)
 SD_FLOOR = 0.0005  # even a noiseless table can't tell 0.05% apart
 
@@ -45,12 +49,13 @@ def measurement_sd(objective: float, ci: tuple[float, float] | None) -> float:
 
 
 class NoiseTracker:
-    def __init__(self, z: float = Z_ONE_SIDED_95, max_repeats: int = 3, z_single: float = Z_SINGLE) -> None:
+    def __init__(self, z: float = Z_ONE_SIDED_995, max_repeats: int = 4, z_single: float = Z_SINGLE) -> None:
         self.z = z
         self.z_single = z_single
         self.max_repeats = max_repeats
         self.obs: dict[Hashable, list[tuple[float, float]]] = {}  # key -> [(log objective, sd)]
-        self.tau2 = 0.0
+        self.tau2 = 0.0  # scatter added to CIs that promise none
+        self.calibration = 1.0  # observed scatter / what the CIs promised
 
     def add(self, key: Hashable, objective: float, ci: tuple[float, float] | None) -> None:
         self.obs.setdefault(key, []).append((math.log(objective), measurement_sd(objective, ci)))
@@ -58,7 +63,10 @@ class NoiseTracker:
             self._update_tau()
 
     def _update_tau(self) -> None:
-        """Run-to-run variance beyond the CIs, pooled over repeated configurations."""
+        """Calibrate the CIs against how repeats actually scatter, pooled over repeated configs:
+        every measurement's variance is its CI's variance times (observed scatter / scatter the CIs
+        promised), shrunk towards 1 as if the CIs were worth PRIOR_DOF repeats (a handful of repeats
+        scatter by chance alone); CIs with no width get the scatter added."""
         num, dof, within = 0.0, 0, []
         for vals in self.obs.values():
             if len(vals) < 2:
@@ -67,14 +75,25 @@ class NoiseTracker:
             num += sum((v - m) ** 2 for v, _ in vals)
             dof += len(vals) - 1
             within += [s * s for _, s in vals]
-        if dof:
-            self.tau2 = max(0.0, num / dof - sum(within) / len(within))
+        if not dof:
+            return
+        scatter, promised = num / dof, sum(within) / len(within)
+        if promised > SD_FLOOR ** 2:
+            ratio = (dof * scatter / promised + PRIOR_DOF) / (dof + PRIOR_DOF)
+            self.calibration = min(100.0, max(0.25, ratio))
+            self.tau2 = 0.0
+        else:
+            self.tau2 = max(0.0, scatter - promised)
+
+    def var(self, s: float) -> float:
+        """Variance of one log-measurement whose CI says sd `s`."""
+        return max(SD_FLOOR ** 2, self.calibration * s * s + self.tau2)
 
     def sd_of_one(self, key: Hashable) -> float:
         """sd of a single new measurement of `key` (what a repeat would add)."""
         vals = self.obs.get(key) or []
         s2 = (sum(s * s for _, s in vals) / len(vals)) if vals else self.typical_var()
-        return math.sqrt(max(SD_FLOOR ** 2, s2 + self.tau2))
+        return math.sqrt(self.var(math.sqrt(s2)))
 
     def typical_var(self) -> float:
         all_s = [s * s for vals in self.obs.values() for _, s in vals]
@@ -86,7 +105,7 @@ class NoiseTracker:
             vals = vals[1:]
         if not vals:
             return None
-        w = [1.0 / max(SD_FLOOR ** 2, s * s + self.tau2) for _, s in vals]
+        w = [1.0 / self.var(s) for _, s in vals]
         mean = sum(wi * v for wi, (v, _) in zip(w, vals)) / sum(w)
         return Pooled(n=len(vals), mean=mean, se=math.sqrt(1.0 / sum(w)))
 
@@ -103,20 +122,24 @@ class NoiseTracker:
         sd = math.sqrt(a.se ** 2 + b.se ** 2)
         if d > (self.z_single if single else self.z) * sd:
             verdict = "win"
-        elif d <= 0 or (self.n(challenger) >= self.max_repeats and self.n(incumbent) >= self.max_repeats):
-            verdict = "loss"  # not better, or a tie inside the noise after enough repeats
+        elif (d <= 0 and self.n(challenger) >= 3) or \
+                (self.n(challenger) >= self.max_repeats and self.n(incumbent) >= self.max_repeats):
+            verdict = "loss"  # not better on two unbiased looks, or a tie after enough repeats
         else:
             verdict = "open"
         return verdict, math.expm1(d), sd
 
     def next_to_measure(self, challenger: Hashable, incumbent: Hashable,
                         cost_s: dict[Hashable, float]) -> Hashable:
-        """Which of the two shrinks the sd of their difference most per second of measuring."""
+        """Which of the two shrinks the sd of their difference most per second of measuring (the
+        challenger first until it has a repeat: its first measurement does not count)."""
+        if self.n(challenger) < 2:
+            return challenger
         best, best_rate = challenger, -1.0
-        for key in (challenger, incumbent):
+        for key, skip in ((challenger, True), (incumbent, False)):
             if self.n(key) >= self.max_repeats:
                 continue
-            p = self.pooled(key)
+            p = self.pooled(key, skip_first=skip)
             new_var = 1.0 / (1.0 / max(p.se ** 2, 1e-12) + 1.0 / self.sd_of_one(key) ** 2)
             rate = (p.se ** 2 - new_var) / max(cost_s.get(key, 1.0), 1.0)
             if rate > best_rate:

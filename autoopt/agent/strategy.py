@@ -35,6 +35,7 @@ from autoopt.agent.view import SpaceView
 from autoopt.strategy import Decision, SearchContext, Stop, TrialOutcome
 
 Key = tuple[int, ...]
+MODEL_Z = 3.0  # a model-based win must clear more sds than a direct one (the model can be wrong)
 MATERIAL_LEAD = 0.02  # a challenger leading by this much is settled now; smaller leads before stopping
 
 
@@ -42,7 +43,7 @@ class AgentStrategy:
     name = "agent"
 
     def __init__(self, space: Any, seed: int | None = None, min_gain: str | None = None,
-                 sampler: str = "tpe", max_repeats: int = 3, use_priors: bool = True) -> None:
+                 sampler: str = "tpe", max_repeats: int = 6, use_priors: bool = True) -> None:
         self.space = space
         self.seed = 0 if seed is None else int(seed)
         self.view = SpaceView(space)
@@ -94,7 +95,8 @@ class AgentStrategy:
         inc = self._latest[search_key]
         cands = self.proposer.candidates(self._trials, inc_code, inc.measurement.buckets_ms or {}, built,
                                          [np.array(k) for k in ranked_keys[1:4]], self.buckets, self._evaluated)
-        ranked = self.chooser.rank(cands, inc_code, f_best, built, self._transition_of(ctx), self._evaluated)
+        ranked = self.chooser.rank(cands, inc_code, f_best, built, self._transition_of(ctx), self._evaluated,
+                                   inc.measurement.buckets_ms or {})
         pick, why = self.stop_rule.check(ranked, ctx.budget_left_s, ctx.reserve_s)
         if pick is None:
             if self.pending is not None:  # settle the challenger before handing over the best
@@ -105,13 +107,18 @@ class AgentStrategy:
         return self._decision(pick, inc, ctx)
 
     def observe(self, outcome: TrialOutcome, ctx: SearchContext) -> None:
-        parent_no = (outcome.decision.extra.get("parent") if outcome.decision is not None else None)
-        parent = next((t for t in ctx.history if t.number == parent_no), None) if parent_no is not None else None
-        diag = diagnose_trial(outcome, parent)
+        diag = self.diagnose(outcome, ctx.history)
         self.diagnoses[outcome.number] = diag
         if outcome.decision is not None:
             outcome.decision.extra["diagnosis"] = diag.line
         self._sync(ctx.history)
+
+    def diagnose(self, outcome: TrialOutcome, history: list[TrialOutcome]) -> TrialDiagnosis:
+        """Predicted vs measured gain and the bucket diff against the trial's parent (pure: a loop
+        may call it before recording the trial, to store the line with it)."""
+        parent_no = outcome.decision.extra.get("parent") if outcome.decision is not None else None
+        parent = next((t for t in history if t.number == parent_no), None) if parent_no is not None else None
+        return diagnose_trial(outcome, parent)
 
     # ---- what the agent believes -----------------------------------------------------------------
     def best_params(self) -> dict[str, Any] | None:
@@ -166,13 +173,23 @@ class AgentStrategy:
                 self._crown(key, "measured outside the noise")
 
     def _challenge(self, key: Key) -> None:
-        """The model's best measured configuration challenges the declared best, unless it already
-        won, lost, or tied inside the noise after repeats."""
-        if key == self.best_key or key in self._settled:
+        """The model's best measured configuration challenges the declared best. It wins on its
+        repeats (autoopt.agent.noise), or on the model's pooled evidence: its own repeats put it
+        ahead and the GP's joint posterior puts it ahead by more than MODEL_Z sds (a small main
+        effect confirmed across many pairs of trials, which no handful of repeats of one pair could
+        separate from the noise)."""
+        if key == self.best_key:
             self.pending = None
             return
-        verdict, _, _ = self.noise.compare(key, self.best_key)
-        if verdict == "win":
+        verdict, direct, _ = self.noise.compare(key, self.best_key)
+        if verdict != "win" and direct > 0:
+            d, sd = self.model.difference(np.array(key), np.array(self.best_key))
+            if d > MODEL_Z * sd:
+                self._crown(key, f"the model's pooled evidence: {fmt_gain(math.expm1(d), 1.96 * sd)}")
+                return
+        if key in self._settled:
+            self.pending = None
+        elif verdict == "win":
             self._crown(key, "measured outside the noise")
         elif verdict == "open":
             self.pending = key
@@ -208,7 +225,7 @@ class AgentStrategy:
     def _fit(self) -> None:
         X = np.stack([c for c, _, _ in self._rows])
         y = np.array([v for _, v, _ in self._rows])
-        sd = np.sqrt(np.array([s for _, _, s in self._rows]) ** 2 + self.noise.tau2)
+        sd = np.sqrt(np.array([self.noise.var(s) for _, _, s in self._rows]))
         self.model.fit(X, y, sd)
 
     def _incumbent_level(self) -> tuple[float, list[Key], float]:

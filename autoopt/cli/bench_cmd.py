@@ -22,7 +22,8 @@ def bench_search(
                                    "strategy names (see `autoopt run --help`)."),
     seeds: int = typer.Option(20, "--seeds", min=1, help="Runs per table and strategy (seeds 0..N-1)."),
     budget: Optional[str] = typer.Option(None, "--budget", "-b", help="Simulated budget per run: 90m, "
-                                         "4h, ... Default: a tenth of measuring every row once."),
+                                         "4h, ... Default: a tenth of measuring every row once, at "
+                                         "least 40 typical trials."),
     workers: int = typer.Option(min(2, os.cpu_count() or 1), "--workers", "-j", min=1,
                                 help="Processes to spread the runs over."),
     as_json: bool = typer.Option(False, "--json", help="Print the full result (every run) as JSON."),

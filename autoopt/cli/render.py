@@ -111,7 +111,7 @@ def bucket_bars(buckets_ms: dict[str, float], coverage: float | None = None,
     table.add_column("bar")
     for name, ms in sorted(buckets_ms.items(), key=lambda kv: -kv[1]):
         bar = BAR_CHAR * max(int(round(width * ms / peak)), 1 if ms > 0 else 0)
-        table.add_row(name, f"{ms:.3f}", f"{ms / total:.0%}", Text(bar, style="cyan"))
+        table.add_row(Text(name), f"{ms:.3f}", f"{ms / total:.0%}", Text(bar, style="cyan"))
     return table
 
 
@@ -120,7 +120,8 @@ def what_ran_table(what_ran: dict[str, str], title: str | None = "what actually 
     table.add_column("op", style="bold")
     table.add_column("ran")
     for op, ran in what_ran.items():
-        table.add_row(op, str(ran))
+        # Text, not str: keys like "mhc_gemm[c4]" would otherwise be read as rich markup and vanish
+        table.add_row(Text(op), Text(str(ran)))
     return table
 
 

@@ -11,7 +11,7 @@ table describes:
   profile     profile_s when the request asks for a profile
   failure     a configuration that fails (absent from the table, or a recorded error) costs its
               transition and compile plus `fail_s` (default: the table's median compile_s, at least a
-              quarter of a measurement): trying an invalid configuration is never free
+              quarter of a typical measurement): trying an invalid configuration is never free
 
 Measurements: per-step samples are drawn (seeded) so that the median of one evaluation has relative
 sd `noise`; with noise 0 every sample is the recorded figure and the CI has no width. For a
@@ -47,7 +47,9 @@ class ReplayTarget:
                  restart_s: dict[str, float] | None = None, concurrency: int | None = None) -> None:
         self.table = table if isinstance(table, ReplayTable) else load_table(table, objective, minimize)
         meta = self.table.meta
-        self.measure_s = float(measure_s if measure_s is not None else meta.get("measure_s", 60.0))
+        row_measure = sorted(r.measure_s for r in self.table.rows.values() if r.measure_s is not None)
+        typical = row_measure[len(row_measure) // 2] if row_measure else 60.0
+        self.measure_s = float(measure_s if measure_s is not None else meta.get("measure_s", typical))
         self.profile_s = float(profile_s if profile_s is not None else meta.get("profile_s", 0.0))
         self.noise = noise if noise is not None else meta.get("noise")
         self.restart_s = {k: float((meta.get("restart_s") or {}).get(k, 0.0)) for k in self.table.knobs}
@@ -232,6 +234,8 @@ def replay_space(target: ReplayTarget) -> Any:
            "concurrency": [c], "objective": {"concurrency": c}, "knobs": knobs}
     if meta.get("apply_cost_s"):
         doc["priors"] = {"apply_cost_s": dict(meta["apply_cost_s"])}
+    if meta.get("constraints"):  # the recorded space's constraints: its absent rows are not candidates
+        doc["constraints"] = [str(c) for c in meta["constraints"]]
     info = TargetInfo.from_target(target)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"replay_{target.table.path.stem}.yaml"

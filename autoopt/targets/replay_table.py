@@ -10,9 +10,10 @@ Columns starting with `metric_` or `_` are carried but are not knobs. Rows absen
 invalid configurations.
 
 A side-car YAML with the same stem (`grid.csv` -> `grid.restart.yaml`) may hold: objective,
-direction (maximize|minimize), measure_s, profile_s, noise, concurrency, baseline {knob: value},
-restart_s {knob: seconds}, restart_class {knob: class}, buckets {knob: [bucket]}, priors
-{knob: {value: {bucket: speed-up}}}, knobs [names]. Options given to the loader override it.
+direction (maximize|minimize), measure_s, profile_s, fail_s, noise, concurrency, baseline
+{knob: value}, restart_s {knob: seconds}, restart_class {knob: class}, buckets {knob: [bucket]},
+priors {knob: {value: speed-up of its buckets}}, apply_cost_s {restart class: seconds}, constraints
+[expressions, as in a space file], knobs [names]. Options given to the loader override it.
 
 Kernel Tuner cache files ({"tune_params_keys": [...], "cache": {"v1,v2": {...,"time": ms}}}) are read
 directly: objective `time` (minimize), `compile_time` (ms) becomes compile_s, `benchmark_time` (ms)

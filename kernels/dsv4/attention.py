@@ -124,9 +124,10 @@ def attention_block(x: torch.Tensor, p: Params, lc: LayerCache, pos: torch.Tenso
         if lc.cls == "c4":
             indexer.update_keys(x, p, lc, pos, freqs, rd)
             sel = indexer.select(q_low, x, p, lc, n_valid, cos, sin, rd, cfg.idx_heads,
-                                 cfg.idx_topk, knobs["indexer_gemm"], "indexer" in breaks)
+                                 cfg.idx_topk, knobs["indexer_gemm"], "indexer" in breaks,
+                                 knobs["indexer_kernel"])
             parts.append(torch.where(sel >= 0, sel + W, -1))  # [B, topk]
-            ran["indexer"] = indexer.GEMM_DESCRIPTIONS[knobs["indexer_gemm"]]
+            ran["indexer"] = indexer.describe(knobs["indexer_kernel"], knobs["indexer_gemm"])
         else:  # c128: every complete compressed entry
             n_slots = lc.kv.shape[1] - W
             slots_c = torch.arange(n_slots, device=x.device)

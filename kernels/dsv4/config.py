@@ -55,6 +55,9 @@ class DecodeConfig:
     attn_num_stages: int = 2
     attn_split_k: int = 1
     moe_experts: str = "loop"
+    indexer_kernel: str = "torch"
+    mhc_kernel: str = "torch"
+    mhc_fuse_post_pre: str = "off"
     glue: str = "eager"
     cuda_graphs: str = "off"
     # Per-layer choices, expanded to layer indices: ((layer, knob, value), ...). A later entry wins.

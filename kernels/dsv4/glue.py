@@ -10,6 +10,8 @@ Compiled regions (each called with one fixed shape per session, so each compiles
   mhc_pre_epilogue   RMS statistic, mixes split, sigmoids, Sinkhorn, collapse, sublayer RMSNorm
   mhc_post           R_new[:, j] = post_j * out + sum_i comb[i, j] * R[:, i]
   head_epilogue      final collapse of the streams + final RMSNorm
+  mhc_pre_scaled / head_scaled   the same two without the RMS statistic, for mixes that a Triton
+                     pre-norm kernel (mhc_kernel=triton_splitk, mhc_fuse_post_pre=on) already scaled
 The q / kv / compressor norms inside attention stay eager in both modes (said in what_ran).
 """
 from __future__ import annotations
@@ -23,7 +25,8 @@ from dsv4.config import DecodeConfig
 
 NORM_EPS = 1e-6
 HC_EPS = 1e-6
-COMPILED_REGIONS = "mhc pre epilogue (rms, sigmoids, sinkhorn, collapse, sublayer rmsnorm), mhc post, hc_head"
+COMPILED_REGIONS = ("mhc pre epilogue (rms, sigmoids, sinkhorn, collapse, sublayer rmsnorm), mhc post,"
+                    " hc_head")
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -42,21 +45,29 @@ def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
     return m
 
 
+def _mhc_pre_mix(src: torch.Tensor, mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                 norm_w: torch.Tensor, hc: int,
+                 iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """src: the streams, [B, hc*hidden] fp32 x_flat or [B, hc, hidden] bf16 R (same values);
+    mixes: [B, 2hc + hc*hc] fp32 already scaled by the RMS (the Triton pre-norm kernels do that)
+    -> (normed layer input [B, hidden] bf16, post [B, hc] fp32, comb [B, hc, hc] fp32)."""
+    B = mixes.shape[0]
+    pre = torch.sigmoid(mixes[:, :hc] * scale[0] + base[:hc]) + HC_EPS  # [B, hc]
+    post = 2.0 * torch.sigmoid(mixes[:, hc:2 * hc] * scale[1] + base[hc:2 * hc])  # [B, hc]
+    comb_logits = (mixes[:, 2 * hc:] * scale[2] + base[2 * hc:]).view(B, hc, hc)
+    comb = sinkhorn(comb_logits, iters)  # [B, hc, hc]
+    streams = src.reshape(B, hc, -1).float()  # [B, hc, hidden] fp32 (no copy when src is fp32)
+    layer_in = (pre[:, :, None] * streams).sum(dim=1)  # [B, hidden] fp32
+    return rmsnorm(layer_in.to(torch.bfloat16), norm_w), post, comb
+
+
 def _mhc_pre_epilogue(x_flat: torch.Tensor, mixes_raw: torch.Tensor, scale: torch.Tensor,
                       base: torch.Tensor, norm_w: torch.Tensor, hc: int,
                       iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x_flat: [B, hc*hidden] fp32, mixes_raw: [B, 2hc + hc*hc] fp32 (x_flat @ hc_fn.T, unscaled)
     -> (normed layer input [B, hidden] bf16, post [B, hc] fp32, comb [B, hc, hc] fp32)."""
-    B = x_flat.shape[0]
     r = torch.rsqrt(x_flat.pow(2).mean(dim=-1, keepdim=True) + NORM_EPS)  # [B, 1] one RMS per token
-    mixes = mixes_raw * r
-    pre = torch.sigmoid(mixes[:, :hc] * scale[0] + base[:hc]) + HC_EPS  # [B, hc]
-    post = 2.0 * torch.sigmoid(mixes[:, hc:2 * hc] * scale[1] + base[hc:2 * hc])  # [B, hc]
-    comb_logits = (mixes[:, 2 * hc:] * scale[2] + base[2 * hc:]).view(B, hc, hc)
-    comb = sinkhorn(comb_logits, iters)  # [B, hc, hc]
-    streams = x_flat.view(B, hc, -1)  # [B, hc, hidden] fp32
-    layer_in = (pre[:, :, None] * streams).sum(dim=1)  # [B, hidden] fp32
-    return rmsnorm(layer_in.to(torch.bfloat16), norm_w), post, comb
+    return _mhc_pre_mix(x_flat, mixes_raw * r, scale, base, norm_w, hc, iters)
 
 
 def _mhc_post(out: torch.Tensor, R: torch.Tensor, post: torch.Tensor,
@@ -66,14 +77,21 @@ def _mhc_post(out: torch.Tensor, R: torch.Tensor, post: torch.Tensor,
     return (post[:, :, None] * out.float()[:, None, :] + mixed).to(torch.bfloat16)
 
 
+def _head_mix(src: torch.Tensor, mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+              norm_w: torch.Tensor, hc: int) -> torch.Tensor:
+    """Collapse the hc streams (src as in _mhc_pre_mix) with sigmoid weights of the RMS-scaled
+    mixes [B, hc], then the final RMSNorm -> [B, hidden] bf16."""
+    B = mixes.shape[0]
+    pre = torch.sigmoid(mixes * scale[0] + base) + HC_EPS  # [B, hc]
+    y = (pre[:, :, None] * src.reshape(B, hc, -1).float()).sum(dim=1)
+    return rmsnorm(y.to(torch.bfloat16), norm_w)
+
+
 def _head_epilogue(x_flat: torch.Tensor, mixes_raw: torch.Tensor, scale: torch.Tensor,
                    base: torch.Tensor, norm_w: torch.Tensor, hc: int) -> torch.Tensor:
     """Collapse the hc streams with sigmoid weights, then the final RMSNorm -> [B, hidden] bf16."""
-    B = x_flat.shape[0]
     r = torch.rsqrt(x_flat.pow(2).mean(dim=-1, keepdim=True) + NORM_EPS)
-    pre = torch.sigmoid(mixes_raw * r * scale[0] + base) + HC_EPS  # [B, hc]
-    y = (pre[:, :, None] * x_flat.view(B, hc, -1)).sum(dim=1)
-    return rmsnorm(y.to(torch.bfloat16), norm_w)
+    return _head_mix(x_flat, mixes_raw * r, scale, base, norm_w, hc)
 
 
 @dataclass(frozen=True)
@@ -82,6 +100,9 @@ class Glue:
     mhc_pre_epilogue: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     mhc_post: Callable[..., torch.Tensor]
     head_epilogue: Callable[..., torch.Tensor]
+    # the same epilogues for mixes the Triton pre-norm kernels already scaled by the RMS
+    mhc_pre_scaled: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    head_scaled: Callable[..., torch.Tensor]
 
     def describe(self) -> str:
         if self.mode == "eager":
@@ -98,8 +119,14 @@ def make_glue(cfg: DecodeConfig, mode: str) -> Glue:
     def head(x_flat, mixes_raw, scale, base, norm_w):
         return _head_epilogue(x_flat, mixes_raw, scale, base, norm_w, hc)
 
+    def pre_scaled(src, mixes, scale, base, norm_w):
+        return _mhc_pre_mix(src, mixes, scale, base, norm_w, hc, iters)
+
+    def head_scaled(src, mixes, scale, base, norm_w):
+        return _head_mix(src, mixes, scale, base, norm_w, hc)
+
     if mode == "eager":
-        return Glue("eager", pre, _mhc_post, head)
+        return Glue("eager", pre, _mhc_post, head, pre_scaled, head_scaled)
     if mode == "compile":
         # One compiled entry per (function, batch size): a worker holding sessions for several
         # concurrencies would pass Dynamo's default limit of 8 and silently run eager. Raise the
@@ -111,5 +138,6 @@ def make_glue(cfg: DecodeConfig, mode: str) -> Glue:
 
         def comp(fn):
             return torch.compile(fn, fullgraph=True, dynamic=False)
-        return Glue("compile", comp(pre), comp(_mhc_post), comp(head))
+        return Glue("compile", comp(pre), comp(_mhc_post), comp(head), comp(pre_scaled),
+                    comp(head_scaled))
     raise ValueError(f"glue mode {mode!r}: expected 'eager' or 'compile'")

@@ -13,6 +13,16 @@ the GEMM runs on the raw FP8 codes in every mode, and the modes differ only in h
   fp8   torch._scaled_mm on the e4m3 codes, fp32 output, one call per sequence (torch has no batched
         fp8 GEMM); CUDA sm_89+ only
 Keys come from the indexer's own compressor (dsv4.compressor) and are stored FP8 (dsv4.cache).
+
+The `indexer_kernel` knob: "torch" is the above (the [B, Hi, S] logits materialised, ReLU, head
+weights and sum as separate ops); "triton_fused" (CUDA) launches dsv4.triton_indexer's
+indexer_scores_kernel directly on the stored FP8 codes (no upcast / cast copy of q or the keys):
+GEMM + ReLU + weighted head sum + the length mask in one kernel, [B, S] scores out. Its MODE is
+indexer_gemm: fp32 = codes converted to fp32 in registers, ieee fp32 products (SIMT); bf16 = codes
+converted to bf16 in registers, tensor cores; fp8 = e4m3 tensor cores with the q/k row scales
+applied in the kernel. In fp32/bf16 the kernel has no scales: q's is folded into the head weights
+(as in torch) and k's multiplies the [B, S] scores after. (The public wrapper
+triton_indexer.indexer_scores takes fp8 operands only in fp8 mode, hence the direct launch.)
 """
 from __future__ import annotations
 
@@ -31,6 +41,19 @@ GEMM_DESCRIPTIONS = {
     "bf16": "torch.bmm bf16 (lossless from fp8), result upcast to fp32",
     "fp8": "torch._scaled_mm fp8 e4m3, fp32 out, one call per sequence",
 }
+FUSED_DESCRIPTIONS = {
+    "fp32": "triton indexer_scores_kernel fused GEMM+ReLU+head sum, fp8 codes -> fp32 in registers, "
+            "ieee fp32 products",
+    "bf16": "triton indexer_scores_kernel fused GEMM+ReLU+head sum, fp8 codes -> bf16 in registers, "
+            "tensor cores",
+    "fp8": "triton indexer_scores_kernel fused GEMM+ReLU+head sum, fp8 e4m3 tensor cores, row "
+           "scales in-kernel",
+}
+
+
+def describe(kernel: str, mode: str) -> str:
+    """what_ran text for (indexer_kernel, indexer_gemm)."""
+    return (FUSED_DESCRIPTIONS if kernel == "triton_fused" else GEMM_DESCRIPTIONS)[mode]
 
 
 def update_keys(x: torch.Tensor, p: Params, lc: LayerCache, pos: torch.Tensor, freqs: torch.Tensor,
@@ -68,13 +91,46 @@ def score_logits(q8: torch.Tensor, k8: torch.Tensor, mode: str) -> torch.Tensor:
     raise ValueError(f"indexer_gemm {mode!r}: expected fp32, bf16 or fp8")
 
 
+def fused_scores(q8: torch.Tensor, k8: torch.Tensor, w: torch.Tensor, lengths: torch.Tensor,
+                 qscale: torch.Tensor, kscale: torch.Tensor, mode: str,
+                 block_s: int = 64) -> torch.Tensor:
+    """indexer_kernel=triton_fused: [B, S] fp32 scores, -inf at s >= lengths[b].
+
+    q8 [B, Hi, Di] and k8 [B, S, Di] float8_e4m3fn codes, w [B, Hi] fp32 head weights *without*
+    the q scale, lengths [B] int32, qscale [B, Hi] / kscale [B, S] fp32 row scales."""
+    import triton
+
+    from dsv4 import triton_indexer as ti
+    from dsv4.triton_attention import interpreting
+
+    if mode not in ti.MODES:
+        raise ValueError(f"indexer_gemm {mode!r}: expected one of {ti.MODES}")
+    B, H, D = q8.shape
+    S = k8.shape[1]
+    out = torch.empty(B, S, device=q8.device, dtype=torch.float32)
+    if mode == "fp8":
+        w_k, qs, ks = w, qscale, kscale  # the kernel applies both row scales to the fp32 logits
+    else:
+        w_k, qs, ks = w * qscale, w, w  # q scale folded (exact: a power of two); scales unread
+    block_d = max(16, triton.next_power_of_2(D))
+    if mode == "fp8":
+        block_d = max(32, block_d)  # fp8 MMA consumes K in steps of 32
+    ti.indexer_scores_kernel[(B, triton.cdiv(S, block_s))](
+        q8, k8, w_k.contiguous(), lengths, qs.contiguous(), ks.contiguous(), out, H, S, D,
+        BLOCK_H=max(16, triton.next_power_of_2(H)), BLOCK_D=block_d,
+        BLOCK_DK=min(block_d, 32) if mode == "fp32" else block_d, BLOCK_S=block_s,
+        MODE=ti.MODES.index(mode), EMULATE_BF16=interpreting(), num_warps=4)
+    return out if mode == "fp8" else out * kscale
+
+
 def select(q_low: torch.Tensor, x: torch.Tensor, p: Params, lc: LayerCache, n_valid: torch.Tensor,
            cos: torch.Tensor, sin: torch.Tensor, rope_dim: int, n_heads: int, topk: int, mode: str,
-           break_op: bool = False) -> torch.Tensor:
+           break_op: bool = False, kernel: str = "torch") -> torch.Tensor:
     """Top-`topk` compressed entries per sequence.
 
     q_low: [B, q_rank] bf16 (normed low-rank query), x: [B, hidden] bf16 (layer input),
     n_valid: 0-d int64 complete compressed entries. Returns [B, topk] int64 entry index or -1.
+    kernel: the indexer_kernel knob ("torch" | "triton_fused"); mode: the indexer_gemm knob.
     break_op (test hook) selects the *lowest* scoring entries instead.
     """
     B = x.shape[0]
@@ -82,10 +138,17 @@ def select(q_low: torch.Tensor, x: torch.Tensor, p: Params, lc: LayerCache, n_va
     Di = q.shape[-1]
     q = apply_rope(q, cos, sin, rope_dim)
     q8, qscale = quantize_fp8_rowwise(q)  # [B, Hi, Di] fp8, [B, Hi, 1] fp32
-    w = F.linear(x, p.idx_wproj).float() * (n_heads * Di) ** -0.5 * qscale.squeeze(-1)  # [B, Hi]
+    w0 = F.linear(x, p.idx_wproj).float() * (n_heads * Di) ** -0.5  # [B, Hi]
     k8 = lc.idx_k8.view(FP8)  # [B, S, Di]
-    logits = score_logits(q8, k8, mode)  # [B, Hi, S] fp32
-    scores = (logits.relu() * w[:, :, None]).sum(dim=1) * lc.idx_kscale  # [B, S]
+    if kernel == "triton_fused":
+        lengths = n_valid.to(torch.int32).expand(B).contiguous()  # [B], on the device: no sync
+        scores = fused_scores(q8, k8, w0, lengths, qscale.squeeze(-1), lc.idx_kscale, mode)
+    elif kernel == "torch":
+        w = w0 * qscale.squeeze(-1)  # [B, Hi]
+        logits = score_logits(q8, k8, mode)  # [B, Hi, S] fp32
+        scores = (logits.relu() * w[:, :, None]).sum(dim=1) * lc.idx_kscale  # [B, S]
+    else:
+        raise ValueError(f"indexer_kernel {kernel!r}: expected torch or triton_fused")
     if break_op:
         scores = -scores
     S = scores.shape[1]

@@ -74,9 +74,30 @@ KNOBS: tuple[Knob, ...] = (
     Knob("attn_split_k", (1, 2, 4, 8), 1, "recompile", ("global", "layer_class"),
          ("attention",), {1: "cuda", 2: "cuda", 4: "cuda", 8: "cuda"},
          help="split the selected KV entries across programs (helps small batches)"),
-    Knob("moe_experts", ("loop", "grouped"), "loop", "none", ("global", "layer_class", "layer"),
-         ("moe", "gemm_tensorop", "gemm_simt"),
-         help="routed experts: a Python loop over active experts, or one grouped/batched GEMM"),
+    Knob("moe_experts", ("loop", "grouped", "triton_grouped"), "loop", "none",
+         ("global", "layer_class", "layer"), ("moe", "gemm_tensorop", "gemm_simt"),
+         {"triton_grouped": "cuda"},
+         help="routed experts: a Python loop over active experts, one grouped/batched torch GEMM, or "
+              "the Triton grouped GEMM (dsv4.triton_moe: expert-sorted row blocks, fused clamped "
+              "SwiGLU, no host sync; JIT-compiled once per process, reported as a recompile)"),
+    # ---- Triton kernels of the decode step (dsv4.triton_indexer / triton_mhc), CUDA only ----
+    Knob("indexer_kernel", ("torch", "triton_fused"), "torch", "recompile", ("global", "layer"),
+         ("attention", "gemm_simt", "gemm_tensorop", "copy_cast", "elementwise", "reduce"),
+         {"triton_fused": "cuda"}, layer_classes=("c4",),
+         help="indexer scoring: torch GEMM (bmm / _scaled_mm) with ReLU, head weights and sum as "
+              "separate ops over [B, heads, S] logits, or one Triton kernel (GEMM + ReLU + weighted "
+              "head sum) reading the fp8 key codes; operand precision from indexer_gemm"),
+    Knob("mhc_kernel", ("torch", "triton_splitk"), "torch", "recompile", SCOPES,
+         ("gemm_simt", "gemm_tensorop", "copy_cast", "elementwise", "reduce"),
+         {"triton_splitk": "cuda"},
+         help="mHC pre-norm GEMM (tiny N=24, K=4*hidden): torch.mm plus a separate RMS statistic, "
+              "or a split-K Triton kernel with the sum of squares in the same pass; operands from "
+              "mhc_gemm / mhc_operand / hc_fn_weight (bf16 + view_bf16_residual: no cast copy)"),
+    Knob("mhc_fuse_post_pre", ("off", "on"), "off", "recompile", SCOPES,
+         ("elementwise", "copy_cast", "gemm_simt", "gemm_tensorop"), {"on": "cuda"},
+         help="fuse hc_post of a sublayer with the next hc_pre's GEMM + RMS (one Triton pass writes "
+              "R_new and never reads it back); a layer's value decides its two hc_posts, the "
+              "model's last hc_post (before hc_head) stays unfused"),
     Knob("glue", ("eager", "compile"), "eager", "recompile", ("global",),
          ("elementwise", "reduce", "norm", "copy_cast"),
          help="mHC, Sinkhorn and norms: eager PyTorch, or torch.compile'd"),

@@ -4,6 +4,12 @@
     per layer:  hc_pre -> attention -> hc_post -> hc_pre -> MoE -> hc_post
     hc_head (collapse the streams) -> RMSNorm -> lm_head -> logits [B, vocab] fp32
 
+With mhc_fuse_post_pre=on for layer i, both hc_posts of layer i run fused with the hc_pre that
+follows (dsv4.mhc.hc_post_pre): after attention with layer i's hc_pre before the MoE, after the MoE
+with layer i+1's hc_pre before attention (that hc_pre's GEMM knobs and weights are layer i+1's).
+The last layer's hc_post before hc_head stays unfused. what_ran: ("mhc_gemm", i) describes layer
+i's hc_pre before attention (fused or not), ("mhc_post_pre", i) layer i's fused posts.
+
 Knob values are resolved per layer once (LayerPlan) when the session is (re)configured, not looked
 up at every step. The step does no host synchronisation except where a variant needs one
 (moe_experts=loop), so it can be captured in a CUDA graph.
@@ -20,7 +26,7 @@ from dsv4.cache import DecodeCache
 from dsv4.config import DecodeConfig
 from dsv4.glue import Glue
 from dsv4.knobs import KNOBS
-from dsv4.mhc import hc_head, hc_post, hc_pre
+from dsv4.mhc import hc_head, hc_post, hc_post_pre, hc_pre
 from dsv4.moe import moe_block
 from dsv4.rope import cos_sin, inv_freq
 from dsv4.weights import ModelWeights
@@ -58,6 +64,22 @@ class ModelState:
             self.freqs = inv_freq(self.cfg.rope_dim, self.cache.pos.device)
 
 
+def _pre(st: ModelState, R: torch.Tensor, pending: tuple | None, p, prefix: str,
+         norm_w: torch.Tensor, layer: int, knobs: dict):
+    """Layer `layer`'s hc_pre `prefix`, fused with the pending hc_post (out, post, comb) of the
+    sublayer before when there is one. -> (x, post, comb, R (new when fused), what ran)"""
+    cached = st.weights.hc_fn_bf16.get((layer, prefix))
+    if pending is not None:
+        out, post, comb = pending
+        R, x, post, comb, desc = hc_post_pre(out, R, post, comb, p, prefix, norm_w, cached, knobs,
+                                             st.glue)
+    else:
+        x, post, comb, desc = hc_pre(R, p, prefix, norm_w, cached, knobs, st.glue)
+    if "mhc" in st.breaks:
+        post = post * BREAK_MHC_FACTOR
+    return x, post, comb, R, desc
+
+
 def decode_forward(st: ModelState, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """tokens: [B] int64 on the device -> (logits [B, vocab] fp32, {(op, layer): what ran}).
     Appends the tokens to every layer's cache and advances cache.pos by one."""
@@ -70,23 +92,31 @@ def decode_forward(st: ModelState, tokens: torch.Tensor) -> tuple[torch.Tensor, 
 
     x = w.globals.embed[tokens]  # [B, hidden] bf16
     R = x[:, None, :].expand(B, cfg.hc_mult, cfg.hidden).contiguous()  # [B, hc, hidden] bf16
+    pending = None  # (out, post, comb) of the previous layer's MoE hc_post, left to be fused
     for plan, p, lc in zip(st.plans, w.layers, cache.layers):
         i, knobs = plan.layer, plan.knobs
-        x, post, comb, ran[("mhc_gemm", i)] = hc_pre(R, p, "hc_attn", p.attn_norm,
-                                                     w.hc_fn_bf16.get((i, "hc_attn")), knobs, st.glue)
-        if "mhc" in st.breaks:
-            post = post * BREAK_MHC_FACTOR
+        fuse = knobs["mhc_fuse_post_pre"] == "on"
+        x, post, comb, R, ran[("mhc_gemm", i)] = _pre(st, R, pending, p, "hc_attn", p.attn_norm, i,
+                                                      knobs)
         out, ran_attn = attention_block(x, p, lc, pos, rope, cfg, knobs, st.breaks)
         for op, desc in ran_attn.items():
             ran[(op, i)] = desc
-        R = hc_post(out, R, post, comb, st.glue)
-        x, post, comb, _ = hc_pre(R, p, "hc_ffn", p.ffn_norm, w.hc_fn_bf16.get((i, "hc_ffn")),
-                                  knobs, st.glue)
-        if "mhc" in st.breaks:
-            post = post * BREAK_MHC_FACTOR
+        if fuse:
+            x, post, comb, R, desc = _pre(st, R, (out, post, comb), p, "hc_ffn", p.ffn_norm, i, knobs)
+        else:
+            R = hc_post(out, R, post, comb, st.glue)
+            x, post, comb, R, _ = _pre(st, R, None, p, "hc_ffn", p.ffn_norm, i, knobs)
         out, ran[("moe", i)] = moe_block(x, tokens, p, cfg.topk_experts, plan.hash_routed,
                                          knobs["moe_experts"], "moe" in st.breaks)
-        R = hc_post(out, R, post, comb, st.glue)
+        last = i == len(st.plans) - 1
+        if fuse:
+            ran[("mhc_post_pre", i)] = desc + ("; the MoE's hc_post unfused (last layer: hc_head "
+                                               "follows)" if last else "; the MoE's hc_post fused "
+                                               "with the next layer's hc_pre")
+        if fuse and not last:
+            pending = (out, post, comb)
+        else:
+            R, pending = hc_post(out, R, post, comb, st.glue), None
 
     y, ran[("mhc_gemm", -1)] = hc_head(R, w.globals, cfg.knobs(), st.glue,
                                        w.hc_fn_bf16.get((-1, "hc_head")))

@@ -10,6 +10,11 @@ The `moe_experts` knob:
            reads each *active* expert's weights once. Where torch has no _grouped_mm, a dense
            batched matmul over all E experts (zero routing weight for tokens not routed there);
            what_ran says which ran.
+  triton_grouped  (CUDA) dsv4.triton_moe.moe_grouped: expert-sorted row blocks found on the device,
+           gate/up GEMMs with the clamped SwiGLU fused, down GEMM times the routing weight, a fixed-
+           order reduce over the k slots; no host sync, every launch shape fixed by (B, k, E), so it
+           can be captured in a CUDA graph. Its output is bf16 (the routed sum rounded once before
+           the shared expert is added, where the torch variants add in fp32).
 """
 from __future__ import annotations
 
@@ -100,6 +105,16 @@ def experts_grouped(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor,
     return out, "grouped: dense bmm over all experts (no torch._grouped_mm here), no host sync"
 
 
+def experts_triton(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor,
+                   p: Params) -> tuple[torch.Tensor, str]:
+    """moe_experts=triton_grouped. x [B, hidden] bf16 -> ([B, hidden] fp32, what ran)."""
+    from dsv4.triton_moe import moe_grouped
+
+    out = moe_grouped(x, p.w_gate, p.w_up, p.w_down, ids, w.contiguous(), swiglu_limit=SWIGLU_LIMIT)
+    return out.float(), ("triton_grouped: dsv4.triton_moe grouped GEMM (fused clamped SwiGLU), bf16, "
+                         "no host sync")
+
+
 def moe_block(x: torch.Tensor, tokens: torch.Tensor, p: Params, topk: int, hash_routed: bool,
               mode: str, break_op: bool = False) -> tuple[torch.Tensor, str]:
     """x: [B, hidden] bf16 normed MoE input -> ([B, hidden] bf16, what ran)."""
@@ -108,8 +123,10 @@ def moe_block(x: torch.Tensor, tokens: torch.Tensor, p: Params, topk: int, hash_
         routed, desc = experts_loop(x, ids, w, p), "loop over active experts, bf16 (host sync)"
     elif mode == "grouped":
         routed, desc = experts_grouped(x, ids, w, p)
+    elif mode == "triton_grouped":
+        routed, desc = experts_triton(x, ids, w, p)
     else:
-        raise ValueError(f"moe_experts {mode!r}: expected loop or grouped")
+        raise ValueError(f"moe_experts {mode!r}: expected loop, grouped or triton_grouped")
     if break_op:
         routed = routed * BREAK_MOE_FACTOR
     shared = F.linear(swiglu(F.linear(x, p.s_gate), F.linear(x, p.s_up), None), p.s_down)

@@ -11,6 +11,10 @@ whole step is captured into a torch.cuda.CUDAGraph and replayed. TF32 is switche
 (torch.backends.cuda.matmul.allow_tf32 = False) so that "fp32" GEMMs are real fp32 (SIMT), as in the
 case study; what_ran records it.
 
+Triton variants (attention tiles, indexer_kernel, mhc_kernel, mhc_fuse_post_pre,
+moe_experts=triton_grouped) are CUDA only; the first configuration that launches a kernel
+specialisation runs one warm-up step to JIT it (reconfigure returns "recompile"), then resets.
+
 Test hook: DSV4_TEST_BREAK=<op>[,<op>] (attention | indexer | mhc | moe), read when a session is
 built, perturbs that op's output so the correctness guard must answer "wrong". what_ran says so.
 """
@@ -60,6 +64,23 @@ def parse_breaks(raw: str | None) -> frozenset[str]:
     if unknown:
         raise ValueError(f"{BREAK_ENV}: unknown op(s) {sorted(unknown)}; expected {BREAKABLE_OPS}")
     return ops
+
+
+def _triton_keys(plan, next_plan) -> set:
+    """The Triton kernels (and their operand-dtype specialisations) a layer's plan launches."""
+    k = plan.knobs
+    keys: set = set()
+    if plan.cls == "c4" and k["indexer_kernel"] == "triton_fused":
+        keys.add(("indexer_fused", k["indexer_gemm"]))
+    if k["mhc_kernel"] == "triton_splitk":
+        keys.add(("mhc_prenorm", k["mhc_gemm"]))
+    if k["mhc_fuse_post_pre"] == "on":  # its posts feed this layer's and the next layer's hc_pre
+        keys.add(("mhc_post_pre", k["mhc_gemm"]))
+        if next_plan is not None:
+            keys.add(("mhc_post_pre", next_plan.knobs["mhc_gemm"]))
+    if k["moe_experts"] == "triton_grouped":
+        keys.add(("moe", "triton_grouped"))
+    return keys
 
 
 class DecodeSession:
@@ -143,12 +164,16 @@ class DecodeSession:
         if self.config.glue == "compile":
             keys.add(("glue", "compile"))
         if self.device.type == "cuda":
-            for plan in self.state.plans:  # the constexprs each Triton specialisation keys on
+            plans = self.state.plans
+            for i, plan in enumerate(plans):  # the constexprs each Triton specialisation keys on
                 names = ["attention", "attn_block_kv", "attn_num_warps", "attn_num_stages",
                          "attn_split_k"]
                 if plan.knobs["attention"] == "mma":  # per_head has no head tiles
                     names.append("attn_heads_per_tile")
                 keys.add(tuple(plan.knobs[k] for k in names))
+                keys |= _triton_keys(plan, plans[i + 1] if i + 1 < len(plans) else None)
+            if self.config.mhc_kernel == "triton_splitk":  # hc_head follows the global values
+                keys.add(("mhc_prenorm", self.config.mhc_gemm))
         return keys
 
     def _prepare(self) -> str:
@@ -172,7 +197,7 @@ class DecodeSession:
         if loops:
             raise RuntimeError(f"cuda_graphs=on cannot capture the step: moe_experts=loop (layers "
                                f"{loops}) reads expert counts on the host (.tolist() sync); use "
-                               f"moe_experts=grouped")
+                               f"moe_experts=grouped or triton_grouped")
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):  # warm-up outside capture (allocator, lazy inits)

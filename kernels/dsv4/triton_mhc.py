@@ -5,7 +5,8 @@
 a tiny-N GEMM (M = 24 mixes) over a huge K (W = 16384 Flash, 28672 Pro) with few rows (T = decode
 batch). One program per row tile would leave the GPU idle, so K is split across programs: each one
 reads its slice of x_flat ONCE, accumulating both the partial products and the partial sum of
-squares, and writes [M] + 1 floats; `mhc_prenorm_combine_kernel` adds the partials and applies the RMS.
+squares, and writes [M] + 1 floats; `mhc_prenorm_*_combine_kernel` adds the partials and applies
+the RMS.
 Operands are used at the precision they arrive in: both bf16 (or both fp16) -> tensor-core tl.dot
 with fp32 accumulation; anything else -> fp32 operands with true fp32 products ("ieee": the SIMT
 variant of the case study, TF32 off).
@@ -15,6 +16,15 @@ GEMM + RMS of the next in one pass:
     R_new[t, j] = post[t, j] * out[t] + sum_i comb[t, i, j] * R[t, i]     (fp32 math, stored R.dtype)
     mixes       = mhc_prenorm_ref(R_new.view(T, -1), hc_fn, eps)         (on the stored values)
 so R_new is written once and never read back for the next pre-norm. hc_mult must be 4 (V4).
+
+Kernel names say how the GEMM runs, so a profile can tell tensor cores from CUDA cores (see
+autoopt.profile_rules): `mhc_prenorm_fp32_kernel` / `mhc_post_pre_fp32_kernel` multiply fp32
+operands with ieee fp32 products (FMA, the SIMT variant); `mhc_prenorm_bf16_kernel` /
+`mhc_post_pre_bf16_kernel` run tl.dot on 16-bit operands (bf16 in the model; fp16 takes the same
+kernel). Each pair shares one body (`_prenorm_partials`, `_post_pre_partials`) and differs only in
+the constexpr FP32_DOT. The split-K reduction that follows either, `mhc_prenorm_fp32_combine_kernel`
+/ `mhc_prenorm_bf16_combine_kernel` (one body, `_combine`), is named after the GEMM it finishes, so a
+profile books it to that GEMM (as it books cuBLAS's splitKreduce) without tracking launches.
 """
 from __future__ import annotations
 
@@ -41,9 +51,9 @@ def _mac(x, w, acc, FP32_DOT: tl.constexpr):
 
 
 @triton.jit
-def mhc_prenorm_kernel(x_ptr, w_ptr, acc_ws, sq_ws, T, M, W, chunk,
-                       BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                       FP32_DOT: tl.constexpr):
+def _prenorm_partials(x_ptr, w_ptr, acc_ws, sq_ws, T, M, W, chunk,
+                      BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                      FP32_DOT: tl.constexpr):
     # grid: (cdiv(T, BLOCK_T), SPLIT). x [T, W], w = hc_fn [M, W]; partials acc [SPLIT, T, M],
     # sq [SPLIT, T] for columns [split*chunk, split*chunk + chunk).
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
@@ -69,6 +79,18 @@ def mhc_prenorm_kernel(x_ptr, w_ptr, acc_ws, sq_ws, T, M, W, chunk,
 
 
 @triton.jit
+def mhc_prenorm_fp32_kernel(x_ptr, w_ptr, acc_ws, sq_ws, T, M, W, chunk, BLOCK_T: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    _prenorm_partials(x_ptr, w_ptr, acc_ws, sq_ws, T, M, W, chunk, BLOCK_T, BLOCK_M, BLOCK_K, True)
+
+
+@triton.jit
+def mhc_prenorm_bf16_kernel(x_ptr, w_ptr, acc_ws, sq_ws, T, M, W, chunk, BLOCK_T: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    _prenorm_partials(x_ptr, w_ptr, acc_ws, sq_ws, T, M, W, chunk, BLOCK_T, BLOCK_M, BLOCK_K, False)
+
+
+@triton.jit
 def _store_partials(acc_ws, sq_ws, acc, sq, offs_t, offs_m, t_ok, m_ok, split, T, M):
     tl.store(acc_ws + (split * T + offs_t)[:, None] * M + offs_m[None, :], acc,
              mask=t_ok[:, None] & m_ok[None, :])
@@ -76,8 +98,20 @@ def _store_partials(acc_ws, sq_ws, acc, sq, offs_t, offs_m, t_ok, m_ok, split, T
 
 
 @triton.jit
-def mhc_prenorm_combine_kernel(acc_ws, sq_ws, out_ptr, T, M, inv_w, eps,
-                    SPLIT: tl.constexpr, BLOCK_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr):
+def mhc_prenorm_fp32_combine_kernel(acc_ws, sq_ws, out_ptr, T, M, inv_w, eps, SPLIT: tl.constexpr,
+                                    BLOCK_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr):
+    _combine(acc_ws, sq_ws, out_ptr, T, M, inv_w, eps, SPLIT, BLOCK_SPLIT, BLOCK_M)
+
+
+@triton.jit
+def mhc_prenorm_bf16_combine_kernel(acc_ws, sq_ws, out_ptr, T, M, inv_w, eps, SPLIT: tl.constexpr,
+                                    BLOCK_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr):
+    _combine(acc_ws, sq_ws, out_ptr, T, M, inv_w, eps, SPLIT, BLOCK_SPLIT, BLOCK_M)
+
+
+@triton.jit
+def _combine(acc_ws, sq_ws, out_ptr, T, M, inv_w, eps, SPLIT: tl.constexpr,
+             BLOCK_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr):
     # grid: (T,). out[t] = (sum_s acc[s, t]) * rsqrt(sum_s sq[s, t] / W + eps); fixed order, so
     # the result is deterministic (no atomics).
     t = tl.program_id(0)
@@ -108,10 +142,10 @@ def _post_stream(o, r0, r1, r2, r3, p, c0, c1, c2, c3, rn_ptrs, rn_mask, w_ptrs,
 
 
 @triton.jit
-def mhc_post_pre_kernel(r_ptr, o_ptr, post_ptr, comb_ptr, w_ptr, rn_ptr, acc_ws, sq_ws,
-                        T, M, HID, chunk,
-                        BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                        FP32_DOT: tl.constexpr):
+def _post_pre_partials(r_ptr, o_ptr, post_ptr, comb_ptr, w_ptr, rn_ptr, acc_ws, sq_ws,
+                       T, M, HID, chunk,
+                       BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                       FP32_DOT: tl.constexpr):
     # grid: (cdiv(T, BLOCK_T), SPLIT). R, R_new [T, 4, HID], out [T, HID], post [T, 4],
     # comb [T, 4, 4], hc_fn [M, 4 * HID]; this program covers hidden columns [lo, hi) of all 4
     # streams, so it reads each R value once and writes each R_new value once.
@@ -172,6 +206,22 @@ def mhc_post_pre_kernel(r_ptr, o_ptr, post_ptr, comb_ptr, w_ptr, rn_ptr, acc_ws,
     _store_partials(acc_ws, sq_ws, acc, sq, offs_t, offs_m, t_ok, m_ok, split, T, M)
 
 
+@triton.jit
+def mhc_post_pre_fp32_kernel(r_ptr, o_ptr, post_ptr, comb_ptr, w_ptr, rn_ptr, acc_ws, sq_ws,
+                             T, M, HID, chunk, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_D: tl.constexpr):
+    _post_pre_partials(r_ptr, o_ptr, post_ptr, comb_ptr, w_ptr, rn_ptr, acc_ws, sq_ws, T, M, HID,
+                       chunk, BLOCK_T, BLOCK_M, BLOCK_D, True)
+
+
+@triton.jit
+def mhc_post_pre_bf16_kernel(r_ptr, o_ptr, post_ptr, comb_ptr, w_ptr, rn_ptr, acc_ws, sq_ws,
+                             T, M, HID, chunk, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_D: tl.constexpr):
+    _post_pre_partials(r_ptr, o_ptr, post_ptr, comb_ptr, w_ptr, rn_ptr, acc_ws, sq_ws, T, M, HID,
+                       chunk, BLOCK_T, BLOCK_M, BLOCK_D, False)
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
@@ -202,11 +252,12 @@ def _fp32_dot(a: torch.dtype, b: torch.dtype) -> bool:
     return a == torch.bfloat16 and interpreting()
 
 
-def _finish(acc_ws, sq_ws, T, M, W, eps, out) -> torch.Tensor:
+def _finish(acc_ws, sq_ws, T, M, W, eps, out, fp32_dot: bool) -> torch.Tensor:
     split = acc_ws.shape[0]
-    mhc_prenorm_combine_kernel[(T,)](acc_ws, sq_ws, out, T, M, 1.0 / W, eps, SPLIT=split,
-                          BLOCK_SPLIT=triton.next_power_of_2(split),
-                          BLOCK_M=max(16, triton.next_power_of_2(M)), num_warps=4)
+    kernel = mhc_prenorm_fp32_combine_kernel if fp32_dot else mhc_prenorm_bf16_combine_kernel
+    kernel[(T,)](acc_ws, sq_ws, out, T, M, 1.0 / W, eps, SPLIT=split,
+                 BLOCK_SPLIT=triton.next_power_of_2(split),
+                 BLOCK_M=max(16, triton.next_power_of_2(M)), num_warps=4)
     return out
 
 
@@ -228,11 +279,13 @@ def mhc_prenorm(x_flat: torch.Tensor, hc_fn: torch.Tensor, eps: float = 1e-6,
     block_t, block_k, split, chunk = _plan(T, W, x_flat.device, split_k, block_k)
     acc_ws = torch.empty(split, T, M, device=x_flat.device, dtype=torch.float32)
     sq_ws = torch.empty(split, T, device=x_flat.device, dtype=torch.float32)
-    mhc_prenorm_kernel[(triton.cdiv(T, block_t), split)](
+    fp32_dot = _fp32_dot(x_flat.dtype, hc_fn.dtype)
+    kernel = mhc_prenorm_fp32_kernel if fp32_dot else mhc_prenorm_bf16_kernel
+    kernel[(triton.cdiv(T, block_t), split)](
         x_flat, hc_fn, acc_ws, sq_ws, T, M, W, chunk, BLOCK_T=block_t,
         BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_K=block_k,
-        FP32_DOT=_fp32_dot(x_flat.dtype, hc_fn.dtype), num_warps=num_warps)
-    return _finish(acc_ws, sq_ws, T, M, W, eps, out)
+        num_warps=num_warps)
+    return _finish(acc_ws, sq_ws, T, M, W, eps, out, fp32_dot)
 
 
 def mhc_post_pre_ref(residual: torch.Tensor, out: torch.Tensor, post: torch.Tensor,
@@ -280,9 +333,11 @@ def mhc_post_pre_fused(residual: torch.Tensor, out: torch.Tensor, post: torch.Te
     block_t, block_d, split, chunk = _plan(T, HID, dev, split_k, block_d or 32)
     acc_ws = torch.empty(split, T, M, device=dev, dtype=torch.float32)
     sq_ws = torch.empty(split, T, device=dev, dtype=torch.float32)
-    mhc_post_pre_kernel[(triton.cdiv(T, block_t), split)](
+    fp32_dot = _fp32_dot(residual.dtype, hc_fn.dtype)
+    kernel = mhc_post_pre_fp32_kernel if fp32_dot else mhc_post_pre_bf16_kernel
+    kernel[(triton.cdiv(T, block_t), split)](
         residual, out, post, comb, hc_fn, new, acc_ws, sq_ws, T, M, HID, chunk,
         BLOCK_T=block_t, BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_D=block_d,
-        FP32_DOT=_fp32_dot(residual.dtype, hc_fn.dtype), num_warps=num_warps)
+        num_warps=num_warps)
     mixes = torch.empty(T, M, device=dev, dtype=torch.float32)
-    return new, _finish(acc_ws, sq_ws, T, M, HC * HID, eps, mixes)
+    return new, _finish(acc_ws, sq_ws, T, M, HC * HID, eps, mixes, fp32_dot)
