@@ -3,7 +3,8 @@
 The panel: progress against the budget (and the reserve kept to confirm the best), the current trial
 and its phase (restart / build / compile / warm-up / measure when the target reports phases through
 a callback, else what the transition implies followed by "measuring"), the best so far with its CI
-and speed-up over the baseline, the last decision's reason, and the latest trials. Without a TTY
+and speed-up over the baseline (the rule of `autoopt best`: outside the noise, else the baseline),
+the last decision's reason, the last diagnosis, the latest trials, and at the end why it stopped. Without a TTY
 (CI, pipes, `--json`) the same events are written as one line each to stderr, so stdout stays clean.
 """
 from __future__ import annotations
@@ -56,6 +57,15 @@ def objective_text(t: Any) -> str:
     return f"{t.objective:,.1f} tok/s"
 
 
+def best_text(best: Any, baseline: Any) -> str:
+    """'#12 ×1.23 [1.18, 1.29]', or the baseline's own line when nothing beats it outside the noise."""
+    if best is None:
+        return "-"
+    if baseline is not None and best is baseline:
+        return f"#{best.number} (the baseline: no trial beats it outside the noise)"
+    return f"#{best.number} {speedup_text(best, baseline) or objective_text(best)}"
+
+
 def status_text(t: Any) -> str:
     m = t.measurement
     if m.status == "ok":
@@ -80,6 +90,8 @@ class LiveView(NullObserver):
         self._phase = ""
         self._phase_t0 = 0.0
         self._last_reason = ""
+        self._last_diagnosis = ""
+        self._stop_reason = ""
         self._rows: list[Any] = []
         self._notes: list[str] = []
 
@@ -111,11 +123,16 @@ class LiveView(NullObserver):
     def trial_finished(self, outcome: Any, best: Any, baseline: Any, budget: Any) -> None:
         self._best, self._baseline, self._current = best, baseline, None
         self._rows.append(outcome)
+        diagnosis = getattr(outcome, "diagnosis", None)
+        if diagnosis:
+            self._last_diagnosis = f"#{outcome.number}: {diagnosis}"
         if not self.live_mode:
             speed = speedup_text(outcome, baseline)
-            best_txt = f"; best #{best.number} {speedup_text(best, baseline) or objective_text(best)}" if best else ""
+            best_txt = f"; best {best_text(best, baseline)}" if best else ""
             self._line(f"trial #{outcome.number} {status_text(outcome)}: {objective_text(outcome)}"
                        f"{' ' + speed if speed else ''} ({format_duration(outcome.cost_s)}){best_txt}")
+            if diagnosis:
+                self._line(f"trial #{outcome.number} diagnosis: {diagnosis}")
 
     def note(self, text: str) -> None:
         self._notes.append(text)
@@ -124,6 +141,7 @@ class LiveView(NullObserver):
 
     def run_finished(self, result: Any) -> None:
         self._best, self._baseline = result.best, result.baseline
+        self._stop_reason = result.stop_reason
         if self._live is not None:
             self._live.refresh()
             self._live.stop()
@@ -160,10 +178,12 @@ class LiveView(NullObserver):
             parts.append(Text(f"trial  #{number} [{decision.source}] {self._phase} "
                               f"{format_duration(time.monotonic() - self._phase_t0)}"))
         if self._best is not None:
-            parts.append(Text(f"best   #{self._best.number} {objective_text(self._best)} "
-                              f"{speedup_text(self._best, self._baseline)}", style="green"))
+            parts.append(Text(f"best   {best_text(self._best, self._baseline)} {objective_text(self._best)}",
+                              style="green"))
         if self._last_reason:
             parts.append(Text(f"why    {self._last_reason}", overflow="ellipsis", no_wrap=True))
+        if self._last_diagnosis:
+            parts.append(Text(f"diag   {self._last_diagnosis}", overflow="ellipsis", no_wrap=True))
         if self._rows:
             t = Table(box=None, pad_edge=False, show_edge=False)
             for col in ("#", "source", "objective", "vs baseline", "cost", "status"):
@@ -174,4 +194,6 @@ class LiveView(NullObserver):
             parts.append(t)
         for n in self._notes[1:][-3:]:
             parts.append(Text(n, style="yellow"))
+        if self._stop_reason:
+            parts.append(Text(f"stop   {self._stop_reason}", style="bold"))
         return Group(*parts)

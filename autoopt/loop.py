@@ -72,9 +72,34 @@ def outcome_from_record(rec: Any) -> TrialOutcome:
                         expected_gain_sd=d.get("expected_gain_sd"), expected_cost_s=d.get("expected_cost_s"),
                         extra=dict(d.get("extra") or {}))
     ci = rec.objective_ci or (tuple(extra["objective_ci"]) if extra.get("objective_ci") else None)
+    diag = extra.get("diagnosis")
+    diag = diag.get("verdict") if isinstance(diag, dict) else diag
     return TrialOutcome(number=rec.number, params=dict(rec.params), measurement=m,
                         objective=rec.objective if rec.state == "ok" else None, objective_ci=ci,
-                        cost_s=cost_s, transition_s=transition_s, decision=decision)
+                        cost_s=cost_s, transition_s=transition_s, decision=decision,
+                        diagnosis=diag if isinstance(diag, str) and diag else None)
+
+
+def diagnosis_detail(found: Any) -> dict[str, Any] | None:
+    """What a strategy's `diagnose()` returned, as the dict stored in extra["diagnosis"]:
+    {"verdict": line, "against": parent trial number | None, ...the strategy's own fields}."""
+    if found is None:
+        return None
+    if isinstance(found, str):
+        detail: dict[str, Any] = {"verdict": found}
+    elif isinstance(found, dict):
+        detail = dict(found)
+    elif hasattr(found, "to_dict"):
+        detail = dict(found.to_dict())
+    else:
+        detail = dict(vars(found))
+    line = detail.pop("line", None) or detail.get("verdict")
+    if not isinstance(line, str) or not line.strip():
+        return None
+    detail["verdict"] = line.strip()
+    against = detail.get("against", detail.get("parent"))
+    detail["against"] = int(against) if isinstance(against, (int, float)) else None
+    return detail
 
 
 def _interrupted(rec: Any) -> bool:
@@ -150,7 +175,7 @@ class SearchLoop:
         self.store.finish_run(self.run_id, state, stop_reason)
         result = RunResult(run_id=self.run_id, study_name=study, state=state, stop_reason=stop_reason,
                            exit_code=exit_code, trials=list(self.trials), history=list(self.history),
-                           best=self._incumbent(), baseline=self._baseline(),
+                           best=self._best(), baseline=self._baseline(),
                            confirmation=next((t for t in reversed(self.trials)
                                               if t.decision and t.decision.source == "confirm"), None),
                            elapsed_s=self.budget.elapsed_s)
@@ -263,24 +288,38 @@ class SearchLoop:
         outcome = TrialOutcome(number=handle.number, params=dict(decision.params), measurement=m,
                                objective=objective, objective_ci=ci, cost_s=cost_s,
                                transition_s=transition_s, decision=decision)
+        try:  # pure: explains the outcome before it is stored with it
+            detail = self._diagnose(outcome)
+        except BaseException:  # a strategy error must not lose the measurement
+            self.store.finish_trial(handle, m, objective, extra)
+            raise
+        if detail is not None:
+            outcome.diagnosis = detail["verdict"]
+            extra["diagnosis"] = detail  # the store also writes it to the diagnoses table
+            if detail.get("against") is not None:
+                extra["incumbent_number"] = detail["against"]
+            for key in ("predicted_gain", "actual_gain"):
+                if isinstance(detail.get(key), (int, float)):
+                    extra[key] = detail[key]
+        self.store.finish_trial(handle, m, objective, extra)
         if decision.source != "confirm":
             self.history.append(outcome)
         self.trials.append(outcome)
-        try:  # the strategy may explain the outcome (a diagnosis) before it is stored with it
-            self.strategy.observe(outcome, self._context())
-        finally:  # ... but a strategy error must not lose the measurement
-            diagnosis = decision.extra.get("diagnosis")
-            if isinstance(diagnosis, str) and diagnosis:
-                extra["diagnosis"] = diagnosis
-                if decision.extra.get("parent") is not None:
-                    extra["incumbent_number"] = decision.extra["parent"]
-            self.store.finish_trial(handle, m, objective, extra)
-        self.observer.trial_finished(outcome, self._incumbent(), self._baseline(), self.budget)
+        self.strategy.observe(outcome, self._context())
+        self.observer.trial_finished(outcome, self._best(), self._baseline(), self.budget)
         return outcome
+
+    def _diagnose(self, outcome: TrialOutcome) -> dict[str, Any] | None:
+        """The strategy's diagnosis of `outcome` (its `diagnose(outcome, history)`, when it has one),
+        as stored in extra["diagnosis"]. The baseline has nothing to be compared with."""
+        fn = getattr(self.strategy, "diagnose", None)
+        if not callable(fn) or (outcome.decision is not None and outcome.decision.source == "baseline"):
+            return None
+        return diagnosis_detail(fn(outcome, list(self.history)))
 
     def _abort_below(self, decision: Decision) -> dict[str, Any]:
         """Early abort of clear losers: only for search trials against a single-concurrency objective."""
-        inc = self._incumbent()
+        inc = self._working_incumbent()
         weights = self.space.objective.weights
         if (not self.settings.abort_losers or inc is None or len(weights) != 1
                 or decision.source in ("baseline", "resume", "confirm") or decision.extra.get("profile")):
@@ -296,19 +335,46 @@ class SearchLoop:
                 return t
         return next((t for t in self.history if t.number == 0 and t.objective is not None), None)
 
-    def _incumbent(self) -> TrialOutcome | None:
-        """The strategy's pick when it has one (`best_params()`: e.g. the agent's best outside the
-        noise), else the highest objective measured."""
-        ok = [t for t in self.history if t.objective is not None]
-        if not ok:
-            return None
+    def _best_concurrency(self) -> int:
+        """The concurrency `autoopt best` judges at: the objective's, or the heaviest of a mix (the
+        run's settings record it as objective_concurrency)."""
+        weights = self.space.objective.weights
+        return max(weights, key=weights.get)
+
+    def _finished(self) -> list[TrialOutcome]:
+        """Every finished trial of the study this loop knows of, confirmations included (as the store
+        holds them, which `autoopt best` reads)."""
+        return self.history + [t for t in self.trials if t.decision is not None and t.decision.source == "confirm"]
+
+    def _best(self) -> TrialOutcome | None:
+        """What the user is told is best: the rule of `autoopt best` (autoopt.store.analysis, db/README
+        "Definitions") on the trials of the study: the highest median tok/s at the objective's
+        concurrency among trials whose 95% CI low end is above the baseline's CI high end; the baseline
+        when none is (or the highest objective measured while there is no baseline)."""
+        from autoopt.store.analysis import best_outside_noise
+
+        base = self._baseline()
+        c = str(self._best_concurrency())
+        fig = lambda t: t.measurement.tok_per_s.get(c) if t.objective is not None else None  # noqa: E731
+        if base is None or fig(base) is None:
+            ok = [t for t in self._finished() if t.objective is not None]
+            return max(ok, key=lambda t: t.objective) if ok else None
+        cands = [(t, fig(t), t.number) for t in self._finished() if t is not base and fig(t) is not None]
+        best, _ = best_outside_noise(cands, fig(base))
+        return base if best is None else best
+
+    def _working_incumbent(self) -> TrialOutcome | None:
+        """The strategy's own incumbent (`best_params()`: e.g. the agent's best after its repeats),
+        its median repeat; else the reported best. Internal only (the early abort of clear losers):
+        a lucky first figure would make that abort measurements of configurations as good as it."""
         pick = self.strategy.best_params() if hasattr(self.strategy, "best_params") else None
         if pick is not None:
             key = self.space.config_key(pick)
-            same = sorted((t for t in ok if self.space.config_key(t.params) == key), key=lambda t: t.objective)
-            if same:  # measured more than once: the repeat with the (lower) median figure, not the luckiest
+            same = sorted((t for t in self.history if t.objective is not None
+                           and self.space.config_key(t.params) == key), key=lambda t: t.objective)
+            if same:
                 return same[(len(same) - 1) // 2]
-        return max(ok, key=lambda t: t.objective)
+        return self._best()
 
     def _set_reserve(self) -> None:
         if not self.settings.confirm:
@@ -322,11 +388,11 @@ class SearchLoop:
         return max(seen) if seen else 0.0
 
     def _confirm(self) -> None:
-        best, base = self._incumbent(), self._baseline()
+        best, base = self._best(), self._baseline()
         if best is None or self._stop_requested:
             return
         if base is not None and self.space.config_key(best.params) == self.space.config_key(base.params):
-            self.observer.note("nothing to confirm: no configuration beat the baseline")
+            self.observer.note("nothing to confirm: no configuration beat the baseline outside the noise")
             return
         config = self.space.params_to_config(best.params)
         restart_class, expected = self._expected_cost(config)
@@ -337,7 +403,7 @@ class SearchLoop:
         decision = Decision(params=dict(best.params), source="confirm",
                             reason=f"re-measure the best (trial #{best.number}, "
                                    f"{best.objective:.4g} tok/s) to confirm it outside the search",
-                            expected_cost_s=expected, extra={"confirms": best.number})
+                            expected_cost_s=expected, extra={"confirms": best.number, "parent": best.number})
         self._evaluate(decision, config, restart_class)
 
     # ---- Ctrl-C --------------------------------------------------------------------------------

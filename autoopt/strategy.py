@@ -44,6 +44,7 @@ class TrialOutcome:
     cost_s: float  # wall (or simulated) seconds the trial took, transition included
     transition_s: float  # of which applying the configuration (restart/rebuild/recompile)
     decision: Decision | None = None
+    diagnosis: str | None = None  # the strategy's one-line explanation of the outcome, if it gave one
 
 
 @dataclass
@@ -76,3 +77,11 @@ class Strategy(Protocol):
 
     def observe(self, outcome: TrialOutcome, ctx: SearchContext) -> None:
         ...
+
+    # Optional hooks the loop uses when a strategy has them:
+    #   diagnose(outcome, history) -> str | object with .line (and .to_dict()) | None
+    #       called before the trial is stored: the line is stored with it (extra["diagnosis"] and
+    #       the diagnoses table) and shown in the run's log and by `autoopt show`;
+    #   best_params() -> params | None: the strategy's own working incumbent (used internally,
+    #       e.g. for the early abort of clear losers; what the user is told is best follows the
+    #       rule of autoopt.store.analysis).

@@ -27,6 +27,11 @@ from _meta import machine_meta, write_result  # noqa: E402
 
 # (label, knob changes from the starting point). Pairs where one knob is inert alone (the bf16 operand
 # only matters once the mHC GEMM is bf16) are given as the pair, as an engineer would flip them.
+# What an engineer would assemble by hand from the kernel benchmark (benchmarks/attention_kernels.py).
+FAST = {"attention": "mma", "attn_split_k": 4, "indexer_kernel": "triton_fused", "indexer_gemm": "bf16",
+        "mhc_kernel": "triton_splitk", "mhc_gemm": "bf16", "mhc_operand": "view_bf16_residual",
+        "hc_fn_weight": "cached", "mhc_fuse_post_pre": "on", "moe_experts": "triton_grouped"}
+
 SINGLE_CHANGES: list[tuple[str, dict[str, Any]]] = [
     ("start", {}),
     ("mhc_gemm=bf16 (cast_from_fp32)", {"mhc_gemm": "bf16"}),
@@ -38,8 +43,32 @@ SINGLE_CHANGES: list[tuple[str, dict[str, Any]]] = [
     ("attention=mma", {"attention": "mma"}),
     ("moe_experts=grouped", {"moe_experts": "grouped"}),
     ("glue=compile", {"glue": "compile"}),
-    ("cuda_graphs=on", {"cuda_graphs": "on"}),
+    ("cuda_graphs=on (+ moe grouped)", {"cuda_graphs": "on", "moe_experts": "grouped"}),
+    ("indexer_kernel=triton_fused (bf16)", {"indexer_kernel": "triton_fused", "indexer_gemm": "bf16"}),
+    ("mhc_kernel=triton_splitk (bf16 view)", {"mhc_kernel": "triton_splitk", "mhc_gemm": "bf16",
+                                             "mhc_operand": "view_bf16_residual"}),
+    ("mhc_fuse_post_pre=on", {"mhc_fuse_post_pre": "on"}),
+    ("moe_experts=triton_grouped", {"moe_experts": "triton_grouped"}),
+    ("hand-tuned: all Triton, eager", dict(FAST)),
+    ("hand-tuned: all Triton + cuda_graphs", {**FAST, "cuda_graphs": "on"}),
 ]
+
+
+# The before/after pair of the case study, kept as profiler traces (test fixtures for `autoopt profile`).
+TRACE_LABELS = {"start": "before", "mhc_gemm=bf16 (cast_from_fp32)": "after"}
+
+
+def _save_trace(state: Any, batch: int, path: Path, device: str) -> None:
+    """One decode step of the session just measured, as a Chrome trace (gzipped)."""
+    from autoopt.profile import capture
+
+    sess = state.sessions.get(batch)
+    if sess is None:
+        return
+    sess.reset()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof = capture(sess.step, steps=1, device=device, trace_path=path)
+    print(f"   trace {path.name}: {prof.kernel_count} kernels, coverage {prof.coverage:.0%}", flush=True)
 
 
 def _measure(state: Any, preset: str, shape: dict[str, Any], knobs: dict[str, Any],
@@ -64,11 +93,11 @@ def _measure(state: Any, preset: str, shape: dict[str, Any], knobs: dict[str, An
 
 
 def _compile_start(preset: str, shape: dict[str, Any], conc: list[int], samples: int,
-                   mode: str) -> dict[str, Any]:
+                   mode: str, device: str) -> dict[str, Any]:
     """What a PyTorch user would try instead: torch.compile(mode=max-autotune) of the whole step."""
     import torch
 
-    from autoopt.measure import device_bandwidth, time_steps
+    from autoopt.measure import device_bandwidth, synchronize, time_steps
     from autoopt.results import Measurement, throughput_from_step_times
     from dsv4.config import preset as make_preset
     from dsv4.model import decode_forward
@@ -76,12 +105,12 @@ def _compile_start(preset: str, shape: dict[str, Any], conc: list[int], samples:
     from dsv4.session import DecodeSession
 
     cfg = make_preset(preset, **shape)
-    bw = device_bandwidth("cuda")["bytes_per_s"]
+    bw = device_bandwidth(device)["bytes_per_s"]
     compiled = torch.compile(decode_forward, mode=mode)
     out = Measurement(status="ok", config={"torch.compile": mode})
     costs = {"compile": 0.0, "measure": 0.0}
     for c in conc:
-        sess = DecodeSession(cfg, device="cuda", batch=c)
+        sess = DecodeSession(cfg, device=device, batch=c)
 
         def step(s=sess):
             if s._steps >= s.max_new_tokens:
@@ -93,17 +122,17 @@ def _compile_start(preset: str, shape: dict[str, Any], conc: list[int], samples:
         t0 = time.perf_counter()
         for _ in range(3):
             step()
-        torch.cuda.synchronize()
+        synchronize(device)
         costs["compile"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        xs, _ = time_steps(step, "cuda", min_samples=samples, max_samples=samples * 2, concurrency=c)
+        xs, _ = time_steps(step, device, min_samples=samples, max_samples=samples * 2, concurrency=c)
         costs["measure"] += time.perf_counter() - t0
         tp = throughput_from_step_times(xs, c)
         out.tok_per_s[str(c)] = tp
-        out.mbu[str(c)] = bytes_per_step(cfg, c)["total"] / tp.median ** -1 / c / bw if False else \
-            bytes_per_step(cfg, c)["total"] / (c / tp.median) / bw
+        out.mbu[str(c)] = bytes_per_step(cfg, c)["total"] / (c / tp.median) / bw  # c/tok_s = step s
         del sess
-        torch.cuda.empty_cache()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
     out.costs_s = costs
     out.what_ran = {"step": f"torch.compile(decode_forward, mode={mode!r}) over the starting point"}
     return out.to_dict()
@@ -129,6 +158,8 @@ def _row(label: str, doc: dict[str, Any], base: dict[str, Any] | None, conc: lis
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="flash-slice")
+    ap.add_argument("--device", default="cuda", help="cuda (the point), or cpu with --preset tiny to "
+                    "check the script itself")
     ap.add_argument("--context", type=int, default=None, help="context_len override")
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--samples", type=int, default=15)
@@ -144,14 +175,14 @@ def main() -> None:
 
     from autoopt.worker import WorkerState
 
-    if not torch.cuda.is_available():
-        sys.exit("h200_decode.py needs a CUDA GPU")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("h200_decode.py: no CUDA GPU here (use --device cpu --preset tiny to check the script)")
     conc = [int(c) for c in args.concurrency.split(",")]
     profile_c = 16 if 16 in conc else conc[-1]
     shape = {"context_len": args.context} if args.context else {}
     todo = SINGLE_CHANGES
-    if args.only:
-        wanted = set(args.only.split(","))
+    if args.only is not None:
+        wanted = set(filter(None, args.only.split(",")))
         todo = [(lbl, k) for lbl, k in SINGLE_CHANGES if lbl in wanted]
     if args.best:
         from autoopt.config_file import load_config_file
@@ -159,7 +190,7 @@ def main() -> None:
         loaded = load_config_file(args.best)
         todo = todo + [(f"best (autoopt run: {Path(args.best).name})", dict(loaded.knobs),
                         loaded.layer_overrides)]
-    state = WorkerState("cuda")
+    state = WorkerState(args.device)
     result = {"benchmark": "h200_decode", "machine": machine_meta(), "preset": args.preset,
               "shape_overrides": shape, "concurrency": conc, "profile_concurrency": profile_c,
               "configs": {}}
@@ -175,6 +206,9 @@ def main() -> None:
         result["configs"][label] = doc
         if label == "start":
             base = doc
+        if args.traces and label in TRACE_LABELS and doc.get("status") != "failed":
+            _save_trace(state, profile_c, Path(args.traces) / f"h200_{TRACE_LABELS[label]}.json.gz",
+                        args.device)
         print("   " + _row(label, doc, base, conc), flush=True)
         write_result(args.out, result)
     if not args.no_compile:
@@ -183,7 +217,7 @@ def main() -> None:
         state.drop_sessions()
         t0 = time.perf_counter()
         try:
-            doc = _compile_start(args.preset, shape, conc, args.samples, args.compile_mode)
+            doc = _compile_start(args.preset, shape, conc, args.samples, args.compile_mode, args.device)
         except Exception as exc:  # recorded as a failed row, with its reason
             from autoopt.results import Measurement
 

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from autoopt.environment import fingerprint, same_machine
 from autoopt.worker import RestartRequired, classify
 from autoopt.worker_client import WorkerClient, WorkerFailure
 from conftest import HAS_CUDA, requires_cuda
@@ -153,3 +154,19 @@ def test_classify_real_exceptions():
     assert classify(RuntimeError("CUDA error: an illegal memory access was encountered")) == ("cuda", True)
     assert classify(RestartRequired("shape"))[0] == "restart_required"
     assert classify(ValueError("bad")) == ("exception", False)
+
+
+def test_fingerprint_from_the_worker_and_same_machine(worker):
+    env = worker.request("describe", timeout_s=60)["environment"]
+    local = fingerprint(DEVICE)  # this process: same machine, same software
+    same, diffs = same_machine(env, local)
+    assert same and diffs == [], diffs
+    assert env["python"] and env["autoopt_version"] and env["cpu"]
+    if HAS_CUDA:
+        assert env["gpu_name"] and env["gpu_arch"].startswith("sm_") and env["driver"]
+    # provenance differs, the machine does not
+    assert same_machine(env, {**env, "git_sha": "deadbeef", "autoopt_version": "9.9"}) == (True, [])
+    other = {**env, "gpu_name": "NVIDIA RTX PRO 6000", "torch": "2.4.0"}
+    same, diffs = same_machine(env, other)
+    assert not same and len(diffs) == 2
+    assert any(d.startswith("gpu_name: ") and "RTX PRO 6000" in d for d in diffs)

@@ -11,8 +11,9 @@ One proposal:
   4. stop when the best is not worth its cost, or does not fit the budget with the final
      confirmation (autoopt.agent.stop); else return it with its source, reason, expected gain ± sd and
      expected cost.
-After each trial, `observe` writes a one-line diagnosis: predicted vs measured gain and the bucket diff
-against its parent (autoopt.agent.diagnosis); `diagnoses` keeps them by trial number.
+After each trial, `diagnose` gives a one-line diagnosis: predicted vs measured gain and the bucket diff
+against its parent (autoopt.agent.diagnosis); the loop calls it before it stores the trial and stores
+the line with it. `observe` keeps them by trial number in `diagnoses`.
 """
 from __future__ import annotations
 
@@ -107,10 +108,7 @@ class AgentStrategy:
         return self._decision(pick, inc, ctx)
 
     def observe(self, outcome: TrialOutcome, ctx: SearchContext) -> None:
-        diag = self.diagnose(outcome, ctx.history)
-        self.diagnoses[outcome.number] = diag
-        if outcome.decision is not None:
-            outcome.decision.extra["diagnosis"] = diag.line
+        self.diagnoses[outcome.number] = self.diagnose(outcome, ctx.history)
         self._sync(ctx.history)
 
     def diagnose(self, outcome: TrialOutcome, history: list[TrialOutcome]) -> TrialDiagnosis:

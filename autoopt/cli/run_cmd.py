@@ -100,21 +100,26 @@ def _print_result(result: Any) -> None:
         out.print(f"baseline #{base.number}: {objective_text(base)}")
     if best is not None:
         changed = {k: v for k, v in best.params.items() if base is None or base.params.get(k) != v}
-        if base is not None and not changed:
-            out.print("best: the baseline configuration (no configuration beat it)")
+        if base is not None and best is base:
+            out.print(f"best: the baseline #{base.number} (no trial beats it outside the noise: a trial "
+                      "counts when its 95% CI low end is above the baseline's CI high end)")
         else:
-            out.print(f"[green]best #{best.number}: {objective_text(best)} {speedup_text(best, base)}[/green]")
-            out.print("  " + ", ".join(f"{k}={v}" for k, v in changed.items()))
+            confirms = best.decision.extra.get("confirms") if best.decision is not None else None
+            of = f" (the confirmation of #{confirms})" if confirms is not None else ""
+            out.print(f"[green]best #{best.number}{of}: {objective_text(best)} {speedup_text(best, base)}[/green]")
+            out.print("  " + (", ".join(f"{k}={v}" for k, v in changed.items()) or "the baseline's configuration"))
     else:
         out.print("[red]no successful trial[/red]")
         for t in result.trials[-3:]:
             out.print(f"  #{t.number}: {status_text(t)}")
     if conf is not None:
-        out.print(f"confirmed #{conf.number}: {objective_text(conf)} {speedup_text(conf, base)}"
-                  f" ({status_text(conf)})")
-        if best is not None and best.objective_ci and conf.objective_ci and (
-                conf.objective_ci[1] < best.objective_ci[0] or conf.objective_ci[0] > best.objective_ci[1]):
-            out.print(f"[yellow]the confirmation disagrees with trial #{best.number} (the CIs do not "
+        of = conf.decision.extra.get("confirms") if conf.decision is not None else None
+        orig = next((t for t in result.history if t.number == of), None)
+        out.print(f"confirmation #{conf.number}" + (f" of #{of}" if of is not None else "")
+                  + f": {objective_text(conf)} {speedup_text(conf, base)} ({status_text(conf)})")
+        if orig is not None and orig.objective_ci and conf.objective_ci and (
+                conf.objective_ci[1] < orig.objective_ci[0] or conf.objective_ci[0] > orig.objective_ci[1]):
+            out.print(f"[yellow]the confirmation disagrees with trial #{orig.number} (the CIs do not "
                       "overlap): the machine changed or the first figure was luck; measure again before "
                       "trusting this win[/yellow]")
     if result.exit_code == 130:

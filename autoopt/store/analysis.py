@@ -123,18 +123,30 @@ class BestChoice:
     significant_count: int
 
 
+def best_outside_noise(cands: Sequence[tuple[Any, Throughput, int]], base_fig: Throughput) -> tuple[Any, int]:
+    """The rule's pick among (item, figure at C, trial number) candidates (the baseline left out):
+    the highest median among those significant over `base_fig` (ties: higher CI low end, then lower
+    number), and how many were significant. (None, 0) when none is. Shared by `autoopt best` (stored
+    trials) and the search loop (what `autoopt run` calls the best), so the two always agree."""
+    sig = [(item, fig, n) for item, fig, n in cands if significant(fig, base_fig)]
+    if not sig:
+        return None, 0
+    best = max(sig, key=lambda x: (x[1].median, x[1].ci_low, -x[2]))
+    return best[0], len(sig)
+
+
 def select_best(trials: Sequence[Any], baseline: Any, c: int) -> BestChoice:
     """The best trial at concurrency c by the rule in this module's docstring."""
     base_fig = figure(baseline, c)
     if baseline is None or base_fig is None:
         raise UserError(f"the study has no successful baseline measured at C={c}: a gain cannot be "
                         f"told from noise without one (export a trial explicitly with --trial N)")
-    cands = [t for t in trials if t.trial_id != baseline.trial_id and figure(t, c) is not None]
-    sig = [t for t in cands if significant(figure(t, c), base_fig)]
-    if not sig:
+    cands = [(t, figure(t, c), t.number) for t in trials
+             if t.trial_id != baseline.trial_id and figure(t, c) is not None]
+    best, n_sig = best_outside_noise(cands, base_fig)
+    if best is None:
         return BestChoice(baseline, baseline, c, False, len(cands), 0)
-    best = max(sig, key=lambda t: (figure(t, c).median, figure(t, c).ci_low, -t.number))
-    return BestChoice(best, baseline, c, True, len(cands), len(sig))
+    return BestChoice(best, baseline, c, True, len(cands), n_sig)
 
 
 def knob_diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:

@@ -231,9 +231,11 @@ class BuiltinTarget:
         from dsv4.knobs import KNOB_BY_NAME
 
         to = self.normalize(to_config)
-        if self._built is None or self._client is None or not self._client.alive:
-            return Transition("restart", tuple(k for k in to if k != "layer_overrides"),
-                              self._expected("restart"))
+        everything = tuple(k for k in to if k != "layer_overrides")
+        if self._client is None or not self._client.alive:
+            return Transition("restart", everything, self._expected("restart"))
+        if self._built is None:  # a live worker with nothing trusted in it (fresh, or after a failure)
+            return Transition("rebuild", everything, self._expected("rebuild"))
         changed = tuple(k for k in KNOB_BY_NAME if self._effective(self._built, k) != self._effective(to, k))
         cls = max((KNOB_BY_NAME[k].restart_class for k in changed), key=_RANK.__getitem__, default="none")
         cached = cls == "recompile" and self._compile_key(to) in self._compiled
@@ -278,6 +280,7 @@ class BuiltinTarget:
                 restart_s += self._take_restart_s()  # a start that failed still cost its time
                 if exc.dead or self._client is None or not self._client.alive:
                     self._forget_worker()
+                self._built = None  # what the worker holds after a failed trial is not known
                 kind = exc.kind if exc.kind != "restart_required" else "exception"
                 wall = time.perf_counter() - t0
                 return Measurement.failed(config, kind, exc.reason, exc.stderr_tail,
