@@ -22,6 +22,7 @@ from autoopt.loop import LoopSettings, RunResult, SearchLoop
 
 DEFAULT_SPACE = "dsv4_tiny_cpu"
 DEFAULT_BUDGET = "2h"
+MIN_GAIN_STRATEGIES = ("agent",)  # strategies whose factory takes min_gain= (their own stop rule)
 
 
 @dataclass
@@ -38,7 +39,15 @@ class RunOptions:
     resume: bool = False
     strategy: str | None = None
     confirm: bool = True
+    min_gain: str | None = None  # the agent's stop rule, GAIN%/TIME (default autoopt.agent.stop)
     command_line: str | None = None
+
+
+def parse_min_gain(text: str | None) -> str:
+    """The --min-gain text, checked (UserError naming the expected form), default filled in."""
+    from autoopt.agent.stop import MinGain
+
+    return MinGain.parse(text).text
 
 
 def open_target(spec: str, preset: str, device: str, shape: dict[str, Any] | None = None,
@@ -75,6 +84,7 @@ def _resume_defaults(store: Any, opts: RunOptions) -> RunOptions:
     filled.preset = opts.preset or runs[-1].preset
     filled.device = opts.device or last.get("device")
     filled.strategy = opts.strategy or last.get("strategy")
+    filled.min_gain = opts.min_gain or last.get("min_gain")
     if opts.seed is None and runs[-1].seed is not None:
         filled.seed = int(runs[-1].seed) + len(runs)  # same stream family, not the same proposals
     return filled
@@ -96,6 +106,7 @@ def execute(opts: RunOptions, observer: Any = None) -> RunResult:
     if opts.strategy is not None and opts.strategy not in strategies.names():
         raise UserError(f"--strategy: unknown strategy {opts.strategy!r} "
                         f"(expected one of: {', '.join(strategies.names())})")
+    min_gain = parse_min_gain(opts.min_gain)  # bad syntax: exit 2 before anything is opened
     store = Store.open(opts.db)
     target = None
     try:
@@ -122,7 +133,12 @@ def execute(opts: RunOptions, observer: Any = None) -> RunResult:
             space = SearchSpace(doc, TargetInfo.from_target(target))
         study = opts.study or space.name + (f"-{preset}" if opts.preset and opts.preset != space.preset else "")
         strategy_name = opts.strategy or strategies.default_name()
-        strategy = strategies.get(strategy_name, space, seed)
+        options: dict[str, Any] = {}
+        if strategy_name in MIN_GAIN_STRATEGIES:
+            options["min_gain"] = min_gain
+        elif opts.min_gain is not None and observer is not None:
+            observer.note(f"note: --min-gain is the agent's stop rule; strategy {strategy_name!r} ignores it")
+        strategy = strategies.get(strategy_name, space, seed, **options)
         previous = store.runs(study) if study in store.studies() else []
         if previous and previous[-1].space_sha256 not in (None, space.sha256) and observer is not None:
             observer.note(f"note: {space.doc.display_path} changed since study {study!r} was last run; "
@@ -130,7 +146,8 @@ def execute(opts: RunOptions, observer: Any = None) -> RunResult:
         run_id = store.start_run(
             study_name=study, command_line=opts.command_line or shlex.join(sys.argv),
             space_name=space.name, space_sha256=space.sha256, target=target_spec, preset=preset,
-            seed=seed, settings=_settings(space, opts, budget_s, strategy_name, target_spec, device))
+            seed=seed, settings=_settings(space, opts, budget_s, strategy_name, target_spec, device,
+                                          min_gain if strategy_name in MIN_GAIN_STRATEGIES else None))
         settings = LoopSettings(study_name=study, max_trials=opts.max_trials, confirm=opts.confirm)
         loop = SearchLoop(store, target, space, strategy, budget, settings, observer, run_id=run_id)
         try:
@@ -148,11 +165,11 @@ def execute(opts: RunOptions, observer: Any = None) -> RunResult:
 
 
 def _settings(space: Any, opts: RunOptions, budget_s: float, strategy: str, target_spec: str,
-              device: str) -> dict[str, Any]:
+              device: str, min_gain: str | None = None) -> dict[str, Any]:
     weights = space.objective.weights
     out: dict[str, Any] = {
         "space_path": str(space.path.resolve()), "target_spec": target_spec, "device": device,
-        "strategy": strategy, "budget_s": budget_s, "max_trials": opts.max_trials,
+        "strategy": strategy, "min_gain": min_gain, "budget_s": budget_s, "max_trials": opts.max_trials,
         "confirm": opts.confirm, "concurrency": list(space.concurrency),
         "measurement": space.measurement, "objective_text": space.objective.describe(),
         "params": [p.name for p in space.params],

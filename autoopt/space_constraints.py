@@ -4,6 +4,14 @@
     not (attention == 'per_head' and attn_split_k > 1)
     indexer_gemm in ('fp32', 'bf16')
 
+Names are knob names (`mhc_gemm`: the value in effect on the layer being checked) or parameter names
+with a scope (`mhc_gemm@c4`, `attention@L3`: that one parameter's value, the same on every layer):
+
+    mhc_gemm@c4 == 'bf16' or indexer_gemm == 'fp32'
+
+`@` is not part of a Python name, so before parsing, a NAME `@` NAME run outside string literals
+(found with `tokenize`) becomes one identifier; nothing else is rewritten.
+
 The text is parsed with `ast` and every node is checked against a whitelist: names (knob names),
 constants (str / int / float / bool / None), tuples and lists of constants, `==  !=  <  <=  >  >=  in
 not in` (chained comparisons too), `and`, `or`, `not`. Anything else (calls, attributes, subscripts,
@@ -16,7 +24,9 @@ there (see `autoopt.space.SearchSpace.violations`).
 from __future__ import annotations
 
 import ast
+import io
 import operator
+import tokenize
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -31,6 +41,44 @@ _COMPARE: dict[type, Callable[[Any, Any], bool]] = {
     ast.NotIn: lambda a, b: a not in b,
 }
 _CONSTANT_TYPES = (str, int, float, bool, type(None))
+_AT = "__at__"  # what `@` in a parameter name becomes for ast (names carry it back as `@`)
+
+
+def _join_scoped_names(text: str) -> str:
+    """'mhc_gemm@c4 == "x@y"' -> 'mhc_gemm__at__c4 == "x@y"': NAME @ NAME runs become one name."""
+    if "@" not in text:
+        return text
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return text  # ast.parse reports the syntax error
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    offset = lambda pos: starts[pos[0] - 1] + pos[1]  # noqa: E731
+    out, last, i = [], 0, 0
+    while i < len(toks):
+        tok = toks[i]
+        if (tok.type == tokenize.NAME and i + 2 < len(toks) and toks[i + 1].type == tokenize.OP
+                and toks[i + 1].string == "@" and toks[i + 2].type in (tokenize.NAME, tokenize.NUMBER)):
+            j = i
+            parts = [tok.string]
+            while (j + 2 < len(toks) and toks[j + 1].type == tokenize.OP and toks[j + 1].string == "@"
+                   and toks[j + 2].type in (tokenize.NAME, tokenize.NUMBER)):
+                parts.append(toks[j + 2].string)
+                j += 2
+            out.append(text[last:offset(tok.start)])
+            out.append(_AT.join(parts))
+            last = offset(toks[j].end)
+            i = j + 1
+            continue
+        i += 1
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _name(identifier: str) -> str:
+    return identifier.replace(_AT, "@")
 
 
 class ConstraintSyntaxError(ValueError):
@@ -62,7 +110,7 @@ def parse_constraint(text: str, known_names: set[str] | None = None) -> Constrai
     if not isinstance(text, str) or not text.strip():
         raise ConstraintSyntaxError("a constraint must be a non-empty expression string")
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = ast.parse(_join_scoped_names(text.strip()), mode="eval")
     except SyntaxError as exc:
         raise ConstraintSyntaxError(f"not a valid expression ({exc.msg}): {text!r}") from None
     names: set[str] = set()
@@ -106,7 +154,7 @@ def _check(node: ast.AST, names: set[str]) -> None:
     elif isinstance(node, ast.Name):
         if not isinstance(node.ctx, ast.Load):
             raise ConstraintSyntaxError(f"assignment not allowed: {_describe(node)}")
-        names.add(node.id)
+        names.add(_name(node.id))
     elif isinstance(node, ast.Constant):
         if not isinstance(node.value, _CONSTANT_TYPES):
             raise ConstraintSyntaxError(f"constant type not allowed: {_describe(node)}")
@@ -118,7 +166,8 @@ def _check(node: ast.AST, names: set[str]) -> None:
             _check(elt, names)
     else:
         raise ConstraintSyntaxError(
-            f"not allowed in a constraint: {_describe(node)} (allowed: knob names, constants, "
+            f"not allowed in a constraint: {_describe(node)} (allowed: knob names, parameter names "
+            "such as knob@c4, constants, "
             "== != < <= > >= in, not in, and, or, not)")
 
 
@@ -153,9 +202,10 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
             left = right
         return True
     if isinstance(node, ast.Name):
-        if node.id not in env:
-            raise KeyError(f"constraint reads {node.id!r}, which has no value here")
-        return env[node.id]
+        name = _name(node.id)
+        if name not in env:
+            raise KeyError(f"constraint reads {name!r}, which has no value here")
+        return env[name]
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Tuple):

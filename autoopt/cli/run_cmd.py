@@ -45,6 +45,11 @@ def run(
     strategy: Optional[str] = typer.Option(None, "--strategy", help="tpe | random | gp, or agent / grid "
                                            "when autoopt.agent registers them. Default: agent when "
                                            "installed, else tpe."),
+    min_gain: Optional[str] = typer.Option(None, "--min-gain", help="The agent's stop rule, GAIN%/TIME: "
+                                           "it stops by itself when no candidate is expected to win "
+                                           "at least GAIN per TIME of restart + measurement (e.g. "
+                                           "1%/10min, 0.5%/5m, 2%/h; 0 = never stop for lack of "
+                                           "gain). Default: 1%/10min."),
     confirm: bool = typer.Option(True, "--confirm/--no-confirm", help="Re-measure the best at the end "
                                  "(a budget reserve is kept for it)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout (progress goes "
@@ -61,6 +66,8 @@ def run(
 
       autoopt run --space dsv4_flash_decode --budget 2h --study flash-h200
 
+      autoopt run --budget 30m --min-gain 0.5%/5m
+
       autoopt run --resume
     """
     from autoopt.live_view import LiveView
@@ -68,7 +75,7 @@ def run(
 
     opts = RunOptions(space=space, target=target, preset=preset, device=device, budget=budget,
                       max_trials=max_trials, study=study, db=db, seed=seed, resume=resume,
-                      strategy=strategy, confirm=confirm,
+                      strategy=strategy, confirm=confirm, min_gain=min_gain,
                       command_line=shlex.join(["autoopt", *sys.argv[1:]]))
     observer = LiveView(live=False if as_json else live)
     try:
