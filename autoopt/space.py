@@ -15,8 +15,8 @@
         restart_class: none    # may be dearer than the target declares, never cheaper
         buckets: [gemm_simt, gemm_tensorop, copy_cast]
         prior: {speedup: {bf16: 2.0}}      # expected speed-up of its buckets (for the agent)
-    constraints:
-      - "mhc_operand == 'cast_from_fp32' or mhc_gemm == 'bf16'"
+    constraints:                           # knob names: checked on every layer; parameter
+      - "mhc_operand == 'cast_from_fp32' or mhc_gemm == 'bf16'"   # names (mhc_gemm@c4) too
 
 Scopes make the parameters: `mhc_gemm` (global), `mhc_gemm@c4` (one per layer class), `attention@L3`
 (one per listed layer). Values this device cannot run are dropped with the target's reason; a knob
@@ -100,6 +100,8 @@ class SearchSpace:
         self._parse()
         self.params: list[ParamDef] = self._make_params()
         self.param_by_name = {p.name: p for p in self.params}
+        # knob names (any the target declares) and this space's parameter names (knob@c4, knob@L3)
+        self._parse_constraints(self.doc.data, {s.name for s in self.info.knob_specs} | set(self.param_by_name))
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod
@@ -139,7 +141,6 @@ class SearchSpace:
         specs = {s.name: s for s in self.info.knob_specs}
         for name, body in knobs.items():
             self._parse_knob(knobs, name, body, specs)
-        self._parse_constraints(d, set(specs))
 
     def _parse_concurrency(self, d: LineMap) -> tuple[int, ...]:
         raw = d.get("concurrency", list(self.info.default_concurrency))
@@ -283,7 +284,7 @@ class SearchSpace:
         config = self.params_to_config(params)
         for c in self.constraints:
             for layer in range(max(1, len(self.info.layers))):
-                env = self.layer_values(config, layer)
+                env = {**params, **self.layer_values(config, layer)}  # knob@c4 names: a param's value
                 if c.names <= set(env) and not c.holds(env):
                     cls_name = self.info.layers[layer] if self.info.layers else "?"
                     problems.append(f"constraint `{c}` fails on layer {layer} ({cls_name})")

@@ -126,7 +126,7 @@ def parse_constraint(text: str, known_names: set[str] | None = None) -> Constrai
 
 def _describe(node: ast.AST) -> str:
     try:
-        return f"{type(node).__name__} `{ast.unparse(node)}`"
+        return f"{type(node).__name__} `{_name(ast.unparse(node))}`"
     except Exception:  # ast.unparse cannot fail on parsed trees; keep the message useful anyway
         return type(node).__name__
 

@@ -49,7 +49,7 @@ SINGLE_CHANGES: list[tuple[str, dict[str, Any]]] = [
                                              "mhc_operand": "view_bf16_residual"}),
     ("mhc_fuse_post_pre=on", {"mhc_fuse_post_pre": "on"}),
     ("moe_experts=triton_grouped", {"moe_experts": "triton_grouped"}),
-    ("hand-tuned: all Triton, eager", dict(FAST)),
+    ("hand-tuned: all Triton (eager)", dict(FAST)),
     ("hand-tuned: all Triton + cuda_graphs", {**FAST, "cuda_graphs": "on"}),
 ]
 

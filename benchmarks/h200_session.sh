@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/autoopt-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/kernels PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-ONLY_FAST="start,mhc_gemm=bf16 (cast_from_fp32),mhc_gemm=bf16 + view_bf16_residual,attention=mma,indexer_kernel=triton_fused (bf16),mhc_kernel=triton_splitk (bf16 view),moe_experts=triton_grouped,cuda_graphs=on (+ moe grouped),hand-tuned: all Triton, eager,hand-tuned: all Triton + cuda_graphs"
+ONLY_FAST="start,mhc_gemm=bf16 (cast_from_fp32),mhc_gemm=bf16 + view_bf16_residual,attention=mma,indexer_kernel=triton_fused (bf16),mhc_kernel=triton_splitk (bf16 view),moe_experts=triton_grouped,cuda_graphs=on (+ moe grouped),hand-tuned: all Triton (eager),hand-tuned: all Triton + cuda_graphs"
 case "${1:-search}" in
 all)  # one call of < 10 minutes when device time is short: search, export, the table with compile
   timeout ${RUN_S:-150} python3 -m autoopt.cli run --space dsv4_flash_decode --budget ${BUDGET:-2m} \
