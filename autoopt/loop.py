@@ -268,8 +268,11 @@ class SearchLoop:
                                    costs_s={"total": self.target.now() - t0})
             self.store.finish_trial(handle, m, None, {"cost_s": self.target.now() - t0})
             raise
-        cost_s = self.target.now() - t0
         transition_s = sum(m.costs_s.get(k, 0.0) for k in _APPLY_PHASES)
+        measured_s = sum(v for k, v in m.costs_s.items() if k not in _APPLY_PHASES and k != "total")
+        # A worker the target started before this trial (to describe the device) is charged to it as
+        # its restart: count it, or cost - transition would leave nothing for the measurement.
+        cost_s = max(self.target.now() - t0, transition_s + measured_s)
         objective = self.space.objective.value(m)
         ci = self.space.objective.ci(m)
         extra: dict[str, Any] = {"cost_s": cost_s, "transition_s": transition_s,

@@ -106,12 +106,13 @@ def execute(opts: RunOptions, observer: Any = None) -> RunResult:
     if opts.strategy is not None and opts.strategy not in strategies.names():
         raise UserError(f"--strategy: unknown strategy {opts.strategy!r} "
                         f"(expected one of: {', '.join(strategies.names())})")
-    min_gain = parse_min_gain(opts.min_gain)  # bad syntax: exit 2 before anything is opened
+    parse_min_gain(opts.min_gain)  # bad syntax: exit 2 before anything is opened
     store = Store.open(opts.db)
     target = None
     try:
         if opts.resume:
             opts = _resume_defaults(store, opts)
+        min_gain = parse_min_gain(opts.min_gain)  # given, else the resumed run's, else the default
         seed = opts.seed if opts.seed is not None else random.SystemRandom().randrange(2 ** 31)
         if opts.space is None and (opts.target or "").startswith("replay:"):
             # a replay table alone: every column a global knob (autoopt.targets.replay.replay_space)

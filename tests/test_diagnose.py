@@ -126,3 +126,20 @@ def test_before_after_verdict_on_real_traces():
     assert d.delta_ms["copy_cast"] > 0
     assert d.kind == "eaten" and d.gain_group == "GEMM", d.verdict
     assert "casts" in d.verdict and "of the GEMM gain" in d.verdict
+
+
+def test_h200_full_decode_step_traces():
+    """Real H200 traces of the whole flash-slice decode step (C=16, eager; benchmarks/h200_decode.py
+    --traces): the mHC flip to bf16 with the round-trip cast does what the case study saw at kernel
+    level (SIMT GEMM time falls, tensor-core GEMM and copy time rise), but on the H200 the mHC GEMM is
+    ~2% of the GPU time of the step, so nothing moves by more than 1%: the honest verdict is
+    'unchanged'. The eager step is launch-bound (GPU busy ~7% of the wall time)."""
+    a, b = (profile_trace(FIX / f"h200_decode_{v}.json.gz")
+            for v in ("start", "mhc_bf16_cast"))
+    assert a.source == b.source == "gpu"
+    assert b.buckets_ms["gemm_simt"] < a.buckets_ms["gemm_simt"]
+    assert b.buckets_ms["gemm_tensorop"] > a.buckets_ms["gemm_tensorop"]
+    assert b.buckets_ms["copy_cast"] > a.buckets_ms["copy_cast"]
+    assert a.coverage < 0.2 and a.kernel_count > 5000
+    d = compare(a.buckets_ms, b.buckets_ms)
+    assert d.kind == "unchanged", d.verdict

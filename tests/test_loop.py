@@ -231,3 +231,177 @@ def test_gp_strategy_runs(tmp_path):
     loop, store = _loop(tmp_path, "gp", max_trials=6)
     assert loop.run().exit_code == 0
     assert len(store.trials("s")) >= 6
+
+
+# ---- what the user is told is best; diagnoses stored with their trials ----------------------------
+class _Scripted:
+    """Proposes the given changes from the baseline, in order, then stops. `pick` (a change) plays an
+    agent whose working incumbent is a configuration slower than the baseline."""
+
+    name = "scripted"
+
+    def __init__(self, space, changes, pick=None, parent=None, gain=None):
+        self.space, self.changes, self.pick = space, list(changes), pick
+        self.parent, self.gain = parent, gain
+
+    def _params(self, change):
+        return dict(self.space.baseline_params(), **change)
+
+    def propose(self, ctx):
+        from autoopt.strategy import Decision, Stop
+
+        if not ctx.history:
+            return Decision(self.space.baseline_params(), "baseline", "trial 0")
+        if not self.changes:
+            return Stop("script done")
+        change = self.changes.pop(0)
+        extra = {"parent": self.parent} if self.parent is not None else {}
+        return Decision(self._params(change), "scripted", f"try {change}", expected_gain=self.gain,
+                        expected_gain_sd=0.04 if self.gain is not None else None, extra=extra)
+
+    def observe(self, outcome, ctx):
+        pass
+
+    def best_params(self):
+        return self._params(self.pick) if self.pick is not None else None
+
+
+def _best_doc(store, study="s"):
+    from autoopt.store.reports import best
+
+    doc, chosen, _ = best(store, study, current=lambda device: {})
+    return doc, chosen
+
+
+def test_the_reported_best_is_the_rule_of_autoopt_best_not_the_strategys_pick(tmp_path):
+    """A strategy whose own incumbent is slower than the baseline (attn_block_kv=32) must not make
+    `autoopt run` call that the best: live view, result and confirmation follow `autoopt best`."""
+    target = ReplayTarget(TABLE, seed=1)
+    space = replay_space(target)
+    changes = [{"attn_block_kv": 32}, {"attention": "mma"}, {"moe_experts": "grouped"}]
+    out = io.StringIO()
+    store = Store.open(str(tmp_path / "t.sqlite"))
+    run_id = store.start_run("s", "test", space.name, space.sha256, "replay", None, 1,
+                             {"objective": f"tok_per_s@{target.concurrency}"})
+    loop = SearchLoop(store, target, space, _Scripted(space, changes, pick={"attn_block_kv": 32}),
+                      Budget(1e6, clock=target.now), LoopSettings(study_name="s", handle_sigint=False),
+                      observer=LiveView(live=False, stream=out), run_id=run_id)
+    result = loop.run()
+    rows = store.trials("s")
+    mma = next(r for r in rows if r.params["attention"] == "mma")
+    doc, chosen = _best_doc(store)
+    assert doc["significant"] and chosen.number == mma.number
+    assert result.best.number == mma.number and result.best.objective > result.baseline.objective_ci[1]
+    assert result.confirmation.params == mma.params  # the confirmation re-measured that best
+    assert rows[-1].decision["source"] == "confirm" and rows[-1].decision["extra"]["confirms"] == mma.number
+    lines = [ln for ln in out.getvalue().splitlines() if " ok: " in ln]
+    assert f"best #{mma.number} ×" in lines[-2]  # the live view's best after the search, before confirming
+    slow = next(r for r in rows if r.params["attn_block_kv"] == 32)
+    assert f"best #{slow.number} " not in out.getvalue()
+
+
+def test_the_baseline_stays_best_when_nothing_beats_it_outside_the_noise(tmp_path):
+    target = ReplayTarget(TABLE, seed=1)
+    space = replay_space(target)
+    out = io.StringIO()
+    store = Store.open(str(tmp_path / "t.sqlite"))
+    run_id = store.start_run("s", "test", space.name, space.sha256, "replay", None, 1,
+                             {"objective": f"tok_per_s@{target.concurrency}"})
+    strategy = _Scripted(space, [{"attn_block_kv": 32}, {"hc_fn_weight": "cached"}], pick={"attn_block_kv": 32})
+    loop = SearchLoop(store, target, space, strategy, Budget(1e6, clock=target.now),
+                      LoopSettings(study_name="s", handle_sigint=False),
+                      observer=LiveView(live=False, stream=out), run_id=run_id)
+    result = loop.run()
+    doc, chosen = _best_doc(store)
+    assert not doc["significant"] and chosen.number == 0
+    assert result.best is result.baseline and result.confirmation is None
+    assert "best #0 (the baseline: no trial beats it outside the noise)" in out.getvalue()
+    assert "nothing to confirm" in out.getvalue()
+    assert [r.decision["source"] for r in store.trials("s")] == ["baseline", "scripted", "scripted"]
+
+
+def test_the_strategys_diagnosis_is_stored_with_its_trial_and_shown(tmp_path):
+    """mhc_gemm=bf16 behind round-trip casts (the case study): the GEMM gain is eaten by the casts.
+    The agent's diagnose() runs before the trial is stored: the line is in extra, the diagnoses table,
+    the log and `autoopt show` (why chosen, predicted vs actual gain, the diagnosis)."""
+    import json
+
+    from autoopt.agent.strategy import AgentStrategy
+    from cli_helpers import run_autoopt
+
+    target = ReplayTarget(TABLE, seed=1)
+    space = replay_space(target)
+    agent = AgentStrategy(space, seed=1)
+    scripted = _Scripted(space, [{"mhc_gemm": "bf16"}], parent=0, gain=0.08)
+    agent.propose = scripted.propose  # the agent's own diagnosis, on a scripted pair of trials
+    out = io.StringIO()
+    loop, store = _loop(tmp_path, target=target, space=space, observer=LiveView(live=False, stream=out))
+    loop.strategy = agent
+    loop.run()
+    t1 = store.trial("s", 1)
+    diag = t1.extra["diagnosis"]
+    assert "casts ate 77% of the GEMM gain" in diag["verdict"], diag
+    assert diag["verdict"].startswith("predicted +8.0% ± 4.0%, measured ") and diag["against"] == 0
+    assert t1.extra["predicted_gain"] == 0.08 and abs(t1.extra["actual_gain"]) < 0.02
+    assert t1.diagnoses[0]["verdict"] == diag["verdict"] and t1.diagnoses[0]["against_number"] == 0
+    assert len(t1.diagnoses) == 1
+    assert f"trial #1 diagnosis: {diag['verdict']}" in out.getvalue()
+    assert store.trial("s", 0).diagnoses == []  # the baseline has nothing to be compared with
+    store.close()
+
+    shown = run_autoopt("show", "1", "--study", "s", "--db", str(tmp_path / "t.sqlite"), "--json")
+    assert shown.returncode == 0, shown.stderr
+    tr = json.loads(shown.stdout)["trial"]
+    assert tr["diagnoses"][0]["verdict"] == diag["verdict"] and tr["extra"]["diagnosis"]["verdict"] == diag["verdict"]
+    assert tr["predicted_gain"] == 0.08 and tr["actual_gain"] == t1.extra["actual_gain"]
+    assert tr["reason"] == "try {'mhc_gemm': 'bf16'}"
+    text = run_autoopt("show", "1", "--study", "s", "--db", str(tmp_path / "t.sqlite"))
+    assert text.returncode == 0, text.stderr
+    flat = " ".join(text.stdout.split())
+    assert "why chosen" in flat and "predicted gain" in flat and "actual gain" in flat
+    assert "diagnosis: predicted +8.0%" in flat and "casts ate 77%" in flat
+
+
+def test_a_continued_study_learns_measurement_costs_from_its_recorded_trials(tmp_path):
+    """The resume path feeds the recorded trials' measurement seconds to the cost estimator
+    (CostEstimator.observe_measure): the casestudy table's sweeps take 120 s, not the 60 s default."""
+    loop, store = _loop(tmp_path, "random", max_trials=3)
+    assert loop.run().exit_code == 0
+    store.close()
+    again, _ = _loop(tmp_path, "random", max_trials=1, target=ReplayTarget(TABLE, seed=2))
+    assert again.costs.expected_measure_s() == 60.0  # nothing learned yet
+    assert again._resume_queue() == []  # baseline recorded, nothing interrupted
+    assert len(again.history) >= 3 and again.costs.expected_measure_s() == pytest.approx(120.0, rel=0.05)
+
+
+def test_live_panel_shows_reason_diagnosis_and_stop(tmp_path):
+    from rich.console import Console
+
+    view = LiveView(live=False, stream=io.StringIO())
+    loop, _ = _loop(tmp_path, "agent", max_trials=4, observer=view)
+    result = loop.run()
+    console = Console(file=io.StringIO(), width=400, record=True)
+    console.print(view._render())
+    text = console.export_text()
+    assert "why    " in text and "diag   #" in text
+    assert f"stop   {result.stop_reason}" in text
+    assert f"best   #{result.best.number}" in text
+
+
+def test_a_restart_paid_before_the_first_trial_leaves_its_measurement_seconds(tmp_path):
+    """The builtin target starts its worker before trial 0 (to describe the device) and charges that
+    start to trial 0 as its restart: the trial's cost must include it, so cost - transition is the
+    measurement's seconds (the agent's cost model learns from it), not zero."""
+    class PrePaid(ReplayTarget):
+        def evaluate(self, request):
+            m = super().evaluate(request)
+            m.costs_s["restart"] = m.costs_s.get("restart", 0.0) + 500.0  # paid before t0
+            return m
+
+    target = PrePaid(TABLE, seed=1)
+    loop, store = _loop(tmp_path, "agent", max_trials=2, target=target)
+    loop.run()
+    first = loop.trials[0]
+    assert first.transition_s >= 500.0 and first.cost_s - first.transition_s == pytest.approx(120.0, rel=0.05)
+    assert store.trial("s", 0).extra["cost_s"] == pytest.approx(first.cost_s)
+    assert loop.strategy.costs.measure_s() == pytest.approx(120.0, rel=0.05)

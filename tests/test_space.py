@@ -161,6 +161,74 @@ def test_yaml_on_off_stay_strings_and_values_coerce(tmp_path):
     assert s.param_by_name["attn_split_k"].choices == (1, 2)
 
 
+def test_a_space_without_constraints_loads(tmp_path):
+    for tail in ("", "constraints:\n", "constraints: []\n"):
+        s = load(tmp_path, "knobs:\n  mhc_gemm: {values: [fp32, bf16], scope: layer_class}\n" + tail)
+        assert s.constraints == [] and [p.name for p in s.params] == ["mhc_gemm@window", "mhc_gemm@c4",
+                                                                       "mhc_gemm@c128"]
+        assert s.is_feasible(s.baseline_params() | {"mhc_gemm@c4": "bf16"})
+
+
+def test_constraints_may_name_scoped_parameters(tmp_path):
+    """`mhc_gemm@c4` reads that parameter's value (the same on every layer); knob names still read the
+    value in effect on each layer; '@' inside a string literal is left alone."""
+    s = load(tmp_path, """
+        knobs:
+          mhc_gemm: {values: [fp32, bf16], scope: layer_class}
+          mhc_operand: {values: [cast_from_fp32, view_bf16_residual]}
+          attention: {values: [per_head, mma], scope: layers, layers: [3]}
+        constraints:
+          - "mhc_gemm@c4 == 'bf16' or mhc_operand == 'cast_from_fp32'"
+          - "attention@L3 != 'mma' or mhc_gemm@window=='bf16'"
+          - "mhc_operand != 'x@y'"
+        """)
+    assert [c.names for c in s.constraints] == [{"mhc_gemm@c4", "mhc_operand"},
+                                                 {"attention@L3", "mhc_gemm@window"}, {"mhc_operand"}]
+    base = s.baseline_params()
+    assert s.is_feasible(base)
+    view = base | {"mhc_operand": "view_bf16_residual"}
+    (problem,) = s.violations(view)
+    assert "mhc_gemm@c4 == 'bf16'" in problem
+    assert s.is_feasible(view | {"mhc_gemm@c4": "bf16"})  # the other layer classes may stay fp32
+    assert not s.is_feasible(base | {"attention@L3": "mma"})
+    assert s.is_feasible(base | {"attention@L3": "mma", "mhc_gemm@window": "bf16"})
+    c = parse_constraint("a@c4 in ('p@q', 'r') and b == 'k@v'", {"a@c4", "b"})
+    assert c.names == {"a@c4", "b"} and c.holds({"a@c4": "p@q", "b": "k@v"}) and not c.holds({"a@c4": "r", "b": "k"})
+
+
+def test_scoped_names_must_be_parameters_of_the_space(tmp_path):
+    msg = error_of(tmp_path, "knobs:\n  mhc_gemm: {scope: layer_class}\nconstraints:\n  - \"mhc_gemm@c5 == 'bf16'\"\n")
+    assert "space.yaml:10: constraints[0]: unknown name(s) mhc_gemm@c5" in msg, msg
+    with pytest.raises(ConstraintSyntaxError, match="not allowed in a constraint: BinOp `a@b \\+ 1`"):
+        parse_constraint("a @ b + 1 == 2")
+
+
+def test_replay_space_takes_scoped_constraints(tmp_path):
+    """A table recorded from a layer-class space has knobs named mhc_gemm@c4: its constraints use
+    those names (the replay space loads them as written; no always-true stand-in)."""
+    import shutil
+
+    import yaml
+
+    from autoopt.targets.replay import ReplayTarget, replay_space
+
+    src = REPO / "benchmarks" / "data"
+    shutil.copy(src / "tiny_cpu_grid.csv", tmp_path / "g.csv")
+    meta = yaml.safe_load((src / "tiny_cpu_grid.restart.yaml").read_text())
+    (tmp_path / "g.restart.yaml").write_text(yaml.safe_dump(meta))
+    plain = replay_space(ReplayTarget(tmp_path / "g.csv"))
+    assert plain.constraints == []
+    meta["constraints"] = ["mhc_operand == 'cast_from_fp32' or (mhc_gemm@window == 'bf16' and "
+                           "mhc_gemm@c4 == 'bf16' and mhc_gemm@c128 == 'bf16')"]
+    (tmp_path / "g.restart.yaml").write_text(yaml.safe_dump(meta))
+    space = replay_space(ReplayTarget(tmp_path / "g.csv"))
+    assert [str(c) for c in space.constraints] == meta["constraints"]
+    base = space.baseline_params()
+    assert not space.is_feasible(base | {"mhc_operand": "view_bf16_residual"})
+    assert space.is_feasible(base | {"mhc_operand": "view_bf16_residual", "mhc_gemm@window": "bf16",
+                                     "mhc_gemm@c4": "bf16", "mhc_gemm@c128": "bf16"})
+
+
 # ---- errors: file, line, key, what was expected --------------------------------------------------
 @pytest.mark.parametrize("body, line, needle", [
     ("knobs:\n  mhc_gemm: {values: [fp32, bf16]}\nbogus: 1\n", 9, "bogus: unknown key"),

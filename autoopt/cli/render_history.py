@@ -182,7 +182,7 @@ def render_show(doc: dict[str, Any]) -> None:
     if costs:
         con.print(_kv_table("costs (s)", {k: f"{v:.2f}" for k, v in costs.items()}))
     d = tr["decision"]
-    why = {"source": d.get("source") or "-", "reason": d.get("reason") or "-"}
+    why = {"source": d.get("source") or "-"}
     if tr["predicted_gain"] is not None:
         sd = tr["predicted_gain_sd"]
         why["predicted gain"] = f"{tr['predicted_gain']:+.1%}" + (f" ± {sd:.1%}" if sd is not None else "")
@@ -193,6 +193,7 @@ def render_show(doc: dict[str, Any]) -> None:
     if d.get("expected_cost_s") is not None:
         why["expected cost"] = secs(d["expected_cost_s"])
     con.print(_kv_table("why chosen", why))
+    line(con, Text(f"why chosen: {d.get('reason') or '-'}"))  # in full: the one line a table would cut
     for diag in tr["diagnoses"]:
         line(con, Text(f"diagnosis: {diag['verdict']}", style="bold"))
     if tr["failure"]:

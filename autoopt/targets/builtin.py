@@ -52,6 +52,7 @@ def parse_shape(overrides: dict[str, Any]) -> dict[str, int]:
 
 class BuiltinTarget:
     name = "builtin"
+    fills_missing_knobs = True  # a partial config means "the baseline elsewhere" (autoopt measure --set)
 
     def __init__(self, preset: str = "tiny", device: str = "cpu", shape: dict[str, Any] | None = None,
                  *, guard: bool = True, warmup_steps: int = 3, measure_if_wrong: bool = True,
@@ -252,8 +253,15 @@ class BuiltinTarget:
     # ------------------------------------------------------------ evaluate
 
     def evaluate(self, request: EvalRequest) -> Measurement:
+        """Never raises for a configuration it cannot run: an unknown knob or value, or a layer
+        override outside the preset, comes back as a failed Measurement with the reason, as a crash
+        or a hang does. A knob left out takes its baseline value (`fills_missing_knobs`)."""
         t0 = time.perf_counter()
-        config = self.normalize(request.config)
+        try:
+            config = self.normalize(request.config)
+        except UserError as exc:
+            return Measurement.failed(dict(request.config), "exception", f"invalid configuration: {exc}",
+                                      costs_s={"total": time.perf_counter() - t0})
         reason = self.why_excluded(config)
         if reason is not None:
             return Measurement.failed(config, "excluded", reason,

@@ -210,7 +210,6 @@ def replay_space(target: ReplayTarget) -> Any:
     import json
     import tempfile
 
-    from autoopt.errors import SpaceError
     from autoopt.space import SearchSpace
     from autoopt.space_knobs import TargetInfo
 
@@ -240,13 +239,6 @@ def replay_space(target: ReplayTarget) -> Any:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"replay_{target.table.path.stem}.yaml"
         path.write_text(json.dumps(doc, indent=1))
-        try:
-            return SearchSpace.load(path, info=info)
-        except SpaceError as exc:
-            if "constraints" not in str(exc):
-                raise
-        # a space.py that insists on a non-empty constraints list: give it one that always holds
-        path.write_text(json.dumps({**doc, "constraints": ["True"]}, indent=1))
         return SearchSpace.load(path, info=info)
 
 
