@@ -369,7 +369,7 @@ class SearchLoop:
     def _working_incumbent(self) -> TrialOutcome | None:
         """The strategy's own incumbent (`best_params()`: e.g. the agent's best after its repeats),
         its median repeat; else the reported best. Internal only (the early abort of clear losers):
-        a lucky first figure would make that abort measurements of configurations as good as it."""
+        against a lucky first figure, that abort would cut short configurations as good as the best."""
         pick = self.strategy.best_params() if hasattr(self.strategy, "best_params") else None
         if pick is not None:
             key = self.space.config_key(pick)

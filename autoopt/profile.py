@@ -9,6 +9,15 @@ What is counted, and why:
   aten::copy_), so summing durations would count the same microseconds several times. Self time is
   additive by construction and puts the work where a GPU trace puts it: in the leaf that does it
   (the cast lands in aten::copy_ -> copy_cast, an eager RMSNorm in its pow/mean/mul ops).
+- CPU-only traces with code sections (record_function scopes named `dsv4::<section>`, which the
+  dsv4 decode step opens: dsv4.sections): the eager step spends much of its wall time in Python and
+  the dispatcher *between* ops, which no op's self time covers. Each section's own host time (its
+  duration minus the ops and sub-sections directly inside it, so the innermost section wins) is
+  counted in the bucket profile_rules.SECTION_RULES gives it (attention, moe, the mHC glue in
+  elementwise, ...). Ops keep their own buckets; the profile keeps the split (host_ms,
+  host_buckets_ms, host_sections_ms) and says so in its notes: it is host time of the code, measured
+  under the profiler (whose own per-op overhead it includes), not kernel time. GPU traces ignore
+  sections entirely.
 - ProfilerStep#N annotations (torch.profiler's `prof.step()`) make every figure a per-step
   average; a GPU kernel belongs to the step in which the CPU *launched* it (its cuda_runtime
   launch event, matched by correlation id), since the GPU runs behind the CPU. Activity outside
@@ -58,6 +67,12 @@ class BucketProfile:
     source: str = ""  # "gpu" (device activities) or "cpu" (CPU ops, self time)
     path: str | None = None
     notes: list[str] = field(default_factory=list)  # what was left out or assumed
+    # CPU traces with dsv4:: code sections: the part of total_ms that is section host time (Python /
+    # dispatcher time between ops), by bucket and by section; the rest (total_ms - host_ms) is the
+    # ops' self time. 0 / empty for GPU traces and for traces without sections.
+    host_ms: float = 0.0
+    host_buckets_ms: dict[str, float] = field(default_factory=dict)
+    host_sections_ms: dict[str, float] = field(default_factory=dict)
 
     def measurement_fields(self) -> dict[str, Any]:
         """The fields of autoopt.results.Measurement this profile fills (per-step ms there)."""
@@ -117,6 +132,7 @@ def _cat(e: dict[str, Any]) -> str:
 def profile_events(events: list[dict[str, Any]], top: int = 20, label: str = "trace") -> BucketProfile:
     """Bucket already-loaded trace events; `label` names the source in errors and notes."""
     kernels = [e for e in events if _complete(e) and _cat(e) in GPU_CATS]
+    host_items: list[Item] = []  # CPU code sections' host time (none on a GPU trace)
     if kernels:
         items, notes = _gpu_items(events, kernels), []
         source = "gpu"
@@ -125,7 +141,9 @@ def profile_events(events: list[dict[str, Any]], top: int = 20, label: str = "tr
         if not ops:
             raise UserError(f"{label}: a trace with no GPU kernels (cat kernel/gpu_memcpy/gpu_memset) "
                             "and no CPU ops (cat cpu_op): nothing to bucket")
-        items, notes = _cpu_items(ops)
+        sections = [e for e in events if _complete(e) and _cat(e) == "user_annotation"
+                    and rules.is_section(str(e.get("name", "")))]
+        items, host_items, notes = _cpu_items(ops, sections)
         source = "cpu"
 
     # Step spans, deduplicated by name (newer Kineto mirrors them as gpu_user_annotation too).
@@ -146,18 +164,24 @@ def profile_events(events: list[dict[str, Any]], top: int = 20, label: str = "tr
             notes.append(f"{len(items) - len(kept)} of {len(items)} {source} events fall outside the "
                          f"{len(steps)} ProfilerStep spans and are not counted")
         items = kept
+        host_items = [it for it in host_items if in_step(it[4])]
         wall_us = sum(end - start for start, end in steps)
     else:
         wall_us = (max(it[2] + it[3] for it in items) - min(it[2] for it in items)) if items else 0.0
 
     buckets_us = {b: 0.0 for b in rules.BUCKETS}
+    host_buckets_us: dict[str, float] = {}
+    host_sections_us: dict[str, float] = {}
     # by (name, bucket): one name can land in two buckets (aten::mm in fp32 and in bf16)
     per_kernel: dict[tuple[str, str], list[float]] = {}
-    for name, bucket, _start, dur, _anchor in items:
+    for name, bucket, _start, dur, _anchor in items + host_items:
         buckets_us[bucket] += dur
         agg = per_kernel.setdefault((name, bucket), [0.0, 0])
         agg[0] += dur
         agg[1] += 1
+    for name, bucket, _start, dur, _anchor in host_items:
+        host_buckets_us[bucket] = host_buckets_us.get(bucket, 0.0) + dur
+        host_sections_us[name] = host_sections_us.get(name, 0.0) + dur
     covered_us = sum(v for b, v in buckets_us.items() if b != "other")
     if source == "gpu":  # GPU: union of named-bucket kernel intervals (streams overlap)
         named = [(it[2], it[2] + it[3]) for it in items if it[1] != "other"]
@@ -167,6 +191,14 @@ def profile_events(events: list[dict[str, Any]], top: int = 20, label: str = "tr
     coverage = min(1.0, busy_us / wall_us) if wall_us > 0 else 0.0
 
     n = max(len(steps), 1)
+    host_us = sum(host_buckets_us.values())
+    if host_items:
+        split = ", ".join(f"{b} {us / 1e3 / n:.2f}" for b, us in
+                          sorted(host_buckets_us.items(), key=lambda kv: -kv[1]))
+        notes.append(f"host time of dsv4:: code sections (Python/dispatcher time between their ops, "
+                     f"profiler overhead included; not kernel time) is counted in their buckets: "
+                     f"{host_us / 1e3 / n:.2f} ms{'/step' if steps else ''} ({split}); the ops' "
+                     f"own self time is {(sum(buckets_us.values()) - host_us) / 1e3 / n:.2f} ms")
     ranked = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:max(top, 0)]
     return BucketProfile(
         buckets_ms={b: v / 1e3 / n for b, v in buckets_us.items()},
@@ -180,6 +212,10 @@ def profile_events(events: list[dict[str, Any]], top: int = 20, label: str = "tr
         wall_ms=wall_us / 1e3 / n,
         source=source,
         notes=notes,
+        host_ms=host_us / 1e3 / n,
+        host_buckets_ms={b: us / 1e3 / n for b, us in host_buckets_us.items()},
+        host_sections_ms={name: us / 1e3 / n for name, us in
+                          sorted(host_sections_us.items(), key=lambda kv: -kv[1])},
     )
 
 
@@ -223,39 +259,59 @@ def _gpu_items(events: list[dict[str, Any]], kernels: list[dict[str, Any]]) -> l
     return items
 
 
-def _cpu_items(ops: list[dict[str, Any]]) -> tuple[list[Item], list[str]]:
-    by_thread: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+def _cpu_items(ops: list[dict[str, Any]],
+               sections: list[dict[str, Any]] = ()) -> tuple[list[Item], list[Item], list[str]]:
+    """-> (one item per op, by self time; one item per code section, by host time; notes).
+
+    Ops and sections of a thread form one tree (ordered by start, the longer first, a section before
+    an op that starts and ends with it): each node's self time is its duration minus its direct
+    children's, so every microsecond is counted once, in the innermost op or section around it."""
+    by_thread: dict[Any, list[tuple[dict[str, Any], bool]]] = defaultdict(list)
     for e in ops:
-        by_thread[(e.get("pid"), e.get("tid"))].append(e)
+        by_thread[(e.get("pid"), e.get("tid"))].append((e, False))
+    for e in sections:
+        by_thread[(e.get("pid"), e.get("tid"))].append((e, True))
     items: list[Item] = []
+    host_items: list[Item] = []
     untyped_gemms = 0
-    for thread_ops in by_thread.values():
-        thread_ops.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
-        child_us = [0.0] * len(thread_ops)
-        stack: list[int] = []  # indices of the ops enclosing the current one
-        for i, e in enumerate(thread_ops):
-            ts, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
-            while stack and float(thread_ops[stack[-1]]["ts"]) + float(thread_ops[stack[-1]]["dur"]) <= ts:
+    unknown_sections: set[str] = set()
+    for nodes in by_thread.values():
+        nodes.sort(key=lambda n: (float(n[0]["ts"]), -float(n[0]["dur"]), not n[1]))
+        ends = [float(e["ts"]) + float(e["dur"]) for e, _ in nodes]
+        child_us = [0.0] * len(nodes)
+        stack: list[int] = []  # indices of the nodes enclosing the current one
+        for i, (e, _is_section) in enumerate(nodes):
+            ts, end = float(e["ts"]), ends[i]
+            while stack and ends[stack[-1]] <= ts:
                 stack.pop()
             if stack:  # direct child: clip to the parent's end (timestamps can be off by a ns)
-                parent = thread_ops[stack[-1]]
-                child_us[stack[-1]] += min(end, float(parent["ts"]) + float(parent["dur"])) - ts
+                child_us[stack[-1]] += min(end, ends[stack[-1]]) - ts
             stack.append(i)
-        for e, children in zip(thread_ops, child_us):
+        for (e, is_section), children in zip(nodes, child_us):
             name = str(e.get("name", ""))
+            self_us = max(float(e["dur"]) - children, 0.0)
+            if is_section:
+                bucket = rules.section_bucket(name)
+                if bucket is None:
+                    unknown_sections.add(name)
+                    bucket = "other"
+                host_items.append((name, bucket, float(e["ts"]), self_us, float(e["ts"])))
+                continue
             types = (e.get("args") or {}).get("Input type")
             rule = rules.match(name, "cpu_op")
             if rule is not None and rule.bucket == rules.BY_DTYPE \
                     and rules.gemm_bucket_for_types(types) is None:
                 untyped_gemms += 1
             bucket = rules.classify(name, "cpu_op", input_types=types)
-            self_us = max(float(e["dur"]) - children, 0.0)
             items.append((name, bucket, float(e["ts"]), self_us, float(e["ts"])))
     notes = []
     if untyped_gemms:
         notes.append(f"{untyped_gemms} CPU GEMM ops carry no 'Input type' (profile with "
                      "record_shapes=True): counted as gemm_simt")
-    return items, notes
+    if unknown_sections:
+        notes.append(f"code sections with no rule in profile_rules.SECTION_RULES: their host time is "
+                     f"counted as other: {', '.join(sorted(unknown_sections))}")
+    return items, host_items, notes
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:

@@ -35,6 +35,14 @@ Decisions (and why):
   not fall into copy_cast for containing "gather").
 - copy_cast is data movement without arithmetic: dtype casts, contiguous copies, cat, gather /
   scatter / index, fills and memcpy/memset. Quantize/dequantize kernels are casts too.
+
+Code sections (CPU-only traces): the dsv4 decode step marks its parts with record_function scopes
+named `dsv4::<section>` (dsv4.sections). On a CPU a large share of the eager step is Python /
+dispatcher time *between* ops, which no op's self time covers; autoopt.profile gives a section's
+*host time* (its duration minus the ops and sub-sections inside it: the innermost section wins) to
+the bucket SECTION_RULES names for it. That is host time of the code, not kernel time, and the
+profile's notes say how much of each bucket it is. GPU traces ignore sections: there the buckets are
+kernel time only. The section -> bucket choices (and why) are in SECTION_RULES below.
 """
 from __future__ import annotations
 
@@ -107,22 +115,27 @@ RULES: tuple[Rule, ...] = (
          r"|index_put|embedding|quant|(?<![a-z])cast|convert|transpose_kernel|permute_kernel", "kernel",
          "data movement without arithmetic: casts (direct_copy, bfloat16_copy), cat, gather, fills"),
     Rule("copy_cast", r"^aten::(copy_|_to_copy|to|clone|contiguous|cat|_cat|stack|index_select|gather"
-         r"|scatter_?|scatter_add_?|index|index_put_|_index_put_impl_|masked_select|take|embedding"
+         r"|scatter_?|scatter_add_?|index|index_put_|_index_put_impl_|index_copy_?|index_add_?"
+         r"|masked_select|take|embedding"
          r"|narrow_copy|repeat|_copy_from|_copy_from_and_resize|fill_|zero_|zeros|zeros_like|ones"
          r"|ones_like|full|full_like|new_zeros|new_ones|new_full)$", "cpu_op",
-         "CPU copies, casts, gathers and fills (self time: aten::to's work shows up in aten::copy_)"),
+         "CPU copies, casts, gathers, scatters (index_copy_: the KV cache write; index_add_: the "
+         "MoE combine, a scatter-add like scatter_add_) and fills (self time: aten::to's work shows "
+         "up in aten::copy_)"),
     Rule("norm", r"layer_?norm|rms_?norm|group_?norm|batch_?norm|instance_?norm|softmax", "any",
          "normalisations, and softmax (a row statistic then a rescale, the same cost shape)"),
     Rule("reduce", r"reduce|triton_red_|triton_per_|cumsum|cumprod|scan|logsumexp", "kernel",
          "reductions: ATen reduce_kernel, inductor reduction kernels, scans"),
     Rule("reduce", r"^aten::(sum|mean|amax|amin|max|min|prod|norm|linalg_vector_norm|var|std|var_mean"
-         r"|std_mean|all|any|count_nonzero|nonzero|cumsum|cumprod|logsumexp|aminmax)$", "cpu_op",
-         "CPU reductions (aten::norm is a vector norm, a reduction, not a norm layer)"),
+         r"|std_mean|all|any|count_nonzero|nonzero|cumsum|cumprod|logsumexp|aminmax|bincount|histc)$",
+         "cpu_op", "CPU reductions (aten::norm is a vector norm, a reduction, not a norm layer; "
+         "bincount counts per bin, a reduction)"),
     Rule("elementwise", r"elementwise|functor|triton_poi_|pointwise|act_and_mul|silu|gelu|relu|sigmoid"
          r"|softplus|rotary|(^|_)rope|clamp|distribution", "kernel",
          "pointwise kernels: ATen (vectorized_/unrolled_)elementwise_kernel, inductor pointwise"),
     Rule("elementwise", r"^aten::(add|add_|sub|sub_|mul|mul_|div|div_|neg|abs|exp|exp2|expm1|log|log2"
          r"|log1p|sqrt|rsqrt|pow|reciprocal|sign|relu|relu_|silu|silu_|gelu|sigmoid|tanh|softplus|erf"
+         r"|floor_divide|floor_divide_"
          r"|sin|cos|clamp|clamp_|clamp_min|clamp_max|clamp_min_|clamp_max_|maximum|minimum|where"
          r"|masked_fill|masked_fill_|addcmul|addcdiv|lerp|floor|ceil|round|trunc|fmod|remainder"
          r"|eq|ne|lt|le|gt|ge|logical_and|logical_or|logical_not|bitwise_and|bitwise_or|bitwise_not"
@@ -183,3 +196,63 @@ def classify(name: str, scope: str = "kernel", input_types: Iterable[str] | None
 
 def is_gemm_bucket(bucket: str) -> bool:
     return bucket.startswith("gemm")
+
+
+# ---------------------------------------------------------------- code sections (CPU host time)
+
+SECTION_PREFIX = "dsv4::"  # record_function scopes of the decode step (dsv4.sections)
+
+
+@dataclass(frozen=True)
+class SectionRule:
+    section: str  # full annotation name, e.g. "dsv4::attention"
+    bucket: str  # one of BUCKETS
+    why: str
+
+
+SECTION_RULES: tuple[SectionRule, ...] = (
+    SectionRule("dsv4::attention", "attention",
+                "the attention sublayer (q/kv projections and norms, RoPE, cache write, compressor, "
+                "index build, sparse MQA, output projection): its host time is attention's, as its "
+                "fused kernel is on a GPU"),
+    SectionRule("dsv4::indexer", "attention",
+                "the lightning indexer (nested in dsv4::attention) is part of sparse attention, as "
+                "the `indexer` kernel rule says"),
+    SectionRule("dsv4::moe", "moe",
+                "router, routed experts (the Python loop over active experts with moe_experts=loop) "
+                "and the shared expert: the MoE's own cost"),
+    SectionRule("dsv4::mhc_pre", "elementwise",
+                "the mHC glue (RMS statistic, sigmoids, Sinkhorn, collapse, sublayer RMSNorm around "
+                "one tiny-N GEMM): in eager mode mostly pointwise ops and small row sums, thousands "
+                "of tiny launches on a GPU that the `glue` knob fuses; its host time is that "
+                "elementwise-chain overhead"),
+    SectionRule("dsv4::mhc_post", "elementwise",
+                "hc_post, post * out + comb-mixed streams: pointwise glue (see dsv4::mhc_pre)"),
+    SectionRule("dsv4::mhc_post_pre", "elementwise",
+                "hc_post fused with the next hc_pre (Triton, CUDA): the same glue as dsv4::mhc_pre"),
+    SectionRule("dsv4::mhc_head", "elementwise",
+                "hc_head, the last collapse of the streams + final RMSNorm: the same glue as "
+                "dsv4::mhc_pre"),
+    SectionRule("dsv4::embed", "copy_cast",
+                "the embedding gather and its broadcast copy into the hc streams: data movement"),
+    SectionRule("dsv4::head", "gemm_tensorop",
+                "the lm_head projection: one bf16 GEMM (dsv4.weights keeps lm_head in bf16, so its "
+                "ops are gemm_tensorop on a CPU too) and the fp32 upcast of its logits"),
+    SectionRule("dsv4::sample", "reduce",
+                "greedy sampling: an argmax over the vocabulary (a row reduction) and two small "
+                "copies into the session's static buffers"),
+)
+_SECTION_BUCKET = {r.section: r.bucket for r in SECTION_RULES}
+for _srule in SECTION_RULES:
+    assert _srule.bucket in BUCKETS and _srule.section.startswith(SECTION_PREFIX), _srule
+
+
+def is_section(name: str) -> bool:
+    """A user annotation that autoopt.profile treats as a code section (dsv4::...)."""
+    return name.startswith(SECTION_PREFIX)
+
+
+def section_bucket(name: str) -> str | None:
+    """The bucket of a code section's host time; None for a `dsv4::` name with no rule (its host
+    time then goes to `other`, and the profile's notes name it)."""
+    return _SECTION_BUCKET.get(name)

@@ -74,7 +74,7 @@ def test_candidates_come_from_all_three_sources(case):
     cands = prop.candidates(trials, view.base_code, base_row.buckets_ms, view.base_code, [], bm,
                             skip={tuple(view.base_code)})
     sources = {c.source.split(":")[0] for c in cands}
-    assert sources == {"profile", "neighbour", "sampler"}
+    assert sources == {"profile", "neighbour", "sampler", "scan"}
     profile = [c for c in cands if c.source.startswith("profile:")]
     att = [c for c in profile if view.describe(c.code) == "attention=mma"]
     assert att and att[0].source == "profile:attention" and "Amdahl +" in att[0].note  # 23% of the step

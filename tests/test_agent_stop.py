@@ -81,3 +81,22 @@ def test_nothing_left_is_a_stop():
 
 def test_fmt_s():
     assert fmt_s(45) == "45 s" and fmt_s(480) == "8.0 min" and fmt_s(7200) == "2.0 h"
+
+
+def test_too_few_measurements_to_stop_on_explore_a_cheap_candidate():
+    """'Nothing is worth it' from a model of a handful of points is not evidence enough: with fewer
+    than 10 configurations measured, a cheap candidate (<= 10% of the budget left) is still tried, the
+    most optimistic one (gain + 2 sd); a dear one is not; from 10 on, the rule stops."""
+    rule = StopRule("1%/10min")
+    safe = cand(0.0, transition_s=0.0, measure_s=3.0, label="attention=per_head", gain=-0.09, sd=0.01)
+    bold = cand(0.0, transition_s=0.0, measure_s=3.0, label="moe_experts=loop", gain=-0.15, sd=0.06)
+    dear = cand(0.0, transition_s=50.0, measure_s=10.0, label="glue=compile", gain=0.0, sd=0.3)
+    ranked = [safe, bold, dear]
+    pick, why = rule.check(ranked, budget_left_s=100.0, reserve_s=2.0, n_measured=7)
+    assert pick is bold and why.startswith("exploring: no candidate is worth 1%/10min by the model, but it "
+                                           "rests on 7 measured configurations (fewer than 10)")
+    pick, why = rule.check(ranked, budget_left_s=100.0, reserve_s=2.0, n_measured=10)
+    assert pick is None and why.endswith("< 1%/10min: stopping")
+    pick, why = rule.check([dear], budget_left_s=100.0, reserve_s=2.0, n_measured=3)  # 60 s > 10 s
+    assert pick is None and why.startswith("best candidate glue=compile")
+    assert rule.check(ranked, budget_left_s=100.0, reserve_s=2.0)[0] is None  # no count: the plain rule

@@ -77,7 +77,7 @@ def test_every_decision_says_where_it_comes_from_what_it_expects_and_costs(case_
     search = [d for d in decisions if d.source not in ("baseline", "repeat")]
     assert search
     for d in search:
-        assert d.source.split(":")[0] in ("sampler", "profile", "neighbour")
+        assert d.source.split(":")[0] in ("sampler", "profile", "neighbour", "scan")
         assert d.reason and d.expected_gain is not None and d.expected_gain_sd is not None
         assert d.expected_cost_s and d.expected_cost_s > 0 and "parent" in d.extra
         assert "expected" in d.reason and ("measure" in d.reason)

@@ -56,15 +56,20 @@ def test_measure_tiny_json_profile_is_fast_and_correct(tiny_profiled):
           ", ".join(f"C={c}: {doc['tok_per_s'][c]['median']:.1f}" for c in conc))
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "done-when coverage >= 0.8 is not reached on a CPU: the tiny step is ~9.4k eager ops, and ~45% of "
-    "its profiled wall is host time between ops (Python, dispatcher, profiler; metadata ops go to "
-    "'other'): measured 0.46-0.63 at C=4 with 1 or 2 threads. Figures >= 0.8 were seen only when other "
-    "processes stretched every op (contention), which is not an explanation of the step."))
 def test_measure_tiny_profile_coverage_reaches_done_when(tiny_profiled):
+    """Done-when: coverage >= 0.8 on a CPU. The tiny step is ~9.4k eager ops and ~40% of its
+    profiled wall is host time between ops (Python, dispatcher, profiler); the decode step's
+    dsv4:: code sections (dsv4.sections) let the profile attribute that time to the part of the step
+    that spent it (profile_rules.SECTION_RULES), and the profile says how much of it is host time.
+    What stays uncovered: metadata ops (view, empty, as_strided: `other`, ~13%) and the step's own
+    orchestration between sections (~2%); 0.85-0.92 measured at C=4 on a loaded 2-core CPU."""
     _wall_s, out = tiny_profiled
+    assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout)
-    assert doc["bucket_coverage"] >= 0.8, (doc["bucket_coverage"], doc["what_ran"].get("profile"))
+    profile_line = doc["what_ran"].get("profile", "")
+    assert doc["bucket_coverage"] >= 0.8, (doc["bucket_coverage"], profile_line)
+    assert "host time of dsv4:: code sections" in profile_line  # the split is stated, not hidden
+    assert "not kernel time" in doc["what_ran"].get("profile.notes", "")
 
 
 def test_rich_output_shows_figures_verdict_costs_and_what_ran(tmp_path):

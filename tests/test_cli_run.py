@@ -86,14 +86,17 @@ def test_replay_run_spends_simulated_budget_and_resumes(tmp_path):
 
 def test_min_gain_reaches_the_agent_and_is_recorded(tmp_path):
     """--min-gain is the agent's stop rule: at 50% per minute nothing on the case-study table is worth
-    its cost, so the agent stops by itself after the baseline and says so; --resume keeps the rule."""
+    its cost, so once it has measured 10 configurations (the evidence its verdict needs) the agent
+    stops by itself and says so; --resume keeps the rule."""
     db = tmp_path / "t.sqlite"
     out = run_autoopt("run", "--target", f"replay:{TABLE}", "--budget", "2h", "--db", str(db), "--seed", "1",
                       "--min-gain", "50%/1min", "--no-confirm", "--json")
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout)
     assert doc["stop_reason"].startswith("strategy stopped: ") and "< 50%/1min: stopping" in doc["stop_reason"]
-    assert doc["trials_this_run"] < 5
+    assert 10 <= doc["trials_this_run"] <= 14
+    assert all("exploring: no candidate is worth 50%/1min" in r.decision["reason"]
+               for r in trials(db, doc["study"])[1:10] if r.decision["source"] != "repeat")
     (run,) = runs(db, doc["study"])
     assert run.settings["strategy"] == "agent" and run.settings["min_gain"] == "50%/1min"
     out = run_autoopt("run", "--resume", "--db", str(db), "--no-confirm", "--json")

@@ -311,3 +311,22 @@ def test_capabilities_and_device_info_cuda():
     assert info["capability"] == f"{major}.{minor}" and info["arch"] == f"sm_{major}{minor}"
     assert caps["fp8"] == ((major, minor) >= (8, 9))
     assert info["memory_bytes"] > 1e9 and info["name"]
+
+
+def test_reconfigure_back_from_cached_bf16_hc_fn_to_baseline():
+    """Regression: the hc_head collapse read stale global knobs after reconfigure, so going from
+    {mhc_gemm=bf16, hc_fn_weight=cached} back to the baseline dropped the cached weight it still used."""
+    import torch
+
+    from dsv4.config import preset
+    from dsv4.session import DecodeSession
+
+    torch.manual_seed(0)
+    base = preset("tiny")
+    sess = DecodeSession(base.with_knobs(mhc_gemm="bf16", hc_fn_weight="cached"), batch=2)
+    sess.step()
+    assert sess.reconfigure(base) in ("none", "recompile", "rebuild")
+    sess.step()  # raised "hc_fn_weight=cached but no cached bf16 hc_fn was built" before the fix
+    ref = DecodeSession(base, batch=2)
+    ref.step()
+    assert torch.equal(sess.last_logits, ref.last_logits)

@@ -156,6 +156,8 @@ def test_cpu_gemm_by_operand_dtype(op, types, bucket):
     ("aten::pow", "elementwise"), ("aten::sum", "reduce"), ("aten::mean", "reduce"),
     ("aten::topk", "reduce"), ("aten::norm", "reduce"), ("aten::layer_norm", "norm"),
     ("aten::rms_norm", "norm"), ("aten::_softmax", "norm"),
+    ("aten::index_copy_", "copy_cast"), ("aten::index_add_", "copy_cast"), ("aten::bincount", "reduce"),
+    ("aten::floor_divide", "elementwise"), ("aten::argsort", "reduce"),
     ("aten::scaled_dot_product_attention", "attention"), ("c10d::allreduce_", "communication"),
     ("aten::view", "other"), ("aten::empty", "other"), ("aten::t", "other"),
 ])
@@ -175,3 +177,21 @@ def test_rules_are_well_formed():
     for rule in rules.RULES:
         assert rule.why and len(rule.why) > 20, rule
         assert rule.bucket in BUCKETS or rule.bucket in (rules.BY_DTYPE, rules.OF_GEMM)
+
+
+def test_every_dsv4_section_has_exactly_one_rule_in_a_named_bucket():
+    """The decode step's code sections (dsv4.sections) and the rules that bucket their host time
+    must name the same sections: a section without a rule would silently count as `other`."""
+    from dsv4.sections import PREFIX, SECTIONS
+
+    assert PREFIX == rules.SECTION_PREFIX
+    names = [r.section for r in rules.SECTION_RULES]
+    assert len(names) == len(set(names))
+    assert set(names) == {PREFIX + s for s in SECTIONS}
+    for r in rules.SECTION_RULES:
+        assert r.bucket in BUCKETS and r.bucket != "other" and r.why, r
+        assert rules.section_bucket(r.section) == r.bucket and rules.is_section(r.section)
+    assert rules.section_bucket("dsv4::attention") == "attention"
+    assert rules.section_bucket("dsv4::indexer") == "attention"  # nested in attention, same bucket
+    assert rules.section_bucket("dsv4::mhc_pre") == "elementwise"
+    assert rules.section_bucket("dsv4::unknown") is None and not rules.is_section("ProfilerStep#1")

@@ -58,6 +58,11 @@ class GpuTraceBuilder:
         self.events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": CPU_PID, "tid": CPU_TID,
                             "ts": ts, "dur": dur, "args": args})
 
+    def annotation(self, name: str, ts: float, dur: float, cat: str = "user_annotation") -> None:
+        """A record_function scope (a dsv4:: code section when the name says so)."""
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": CPU_PID, "tid": CPU_TID,
+                            "ts": ts, "dur": dur, "args": {}})
+
     def doc(self) -> dict[str, Any]:
         return {"schemaVersion": 1, "displayTimeUnit": "ms", "traceEvents": self.events}
 
@@ -246,6 +251,69 @@ def test_bare_event_list_and_untyped_cpu_gemm_note(tmp_path):
     assert any("1 CPU GEMM ops carry no 'Input type'" in n for n in p.notes)
 
 
+# --- CPU code sections: host time between ops, attributed to the dsv4:: section that spent it ----
+
+BF16 = ["c10::BFloat16", "c10::BFloat16"]
+
+
+def _sectioned_cpu_trace() -> GpuTraceBuilder:
+    b = GpuTraceBuilder()
+    b.step(1, 0.0, 1000.0)
+    b.annotation("dsv4::attention", 100.0, 500.0)
+    b.cpu_op("aten::mul", 110.0, 50.0)
+    b.annotation("dsv4::indexer", 200.0, 200.0)  # nested: its own gaps are the indexer's
+    b.cpu_op("aten::topk", 220.0, 40.0)
+    b.cpu_op("aten::bmm", 450.0, 100.0, BF16)
+    b.annotation("dsv4::moe", 650.0, 200.0)
+    b.annotation("dsv4::moe_inner_scope_without_rule", 700.0, 100.0)
+    b.cpu_op("aten::mm", 700.0, 50.0, BF16)
+    b.annotation("dsv4::head", 870.0, 20.0)  # starts and ends with its op: the section encloses it
+    b.cpu_op("aten::mm", 870.0, 20.0, BF16)
+    b.annotation("my_scope", 895.0, 30.0)  # not a dsv4:: section: no time of its own is counted
+    b.cpu_op("aten::add", 900.0, 10.0)
+    return b
+
+
+def test_cpu_section_host_time_goes_to_its_bucket_innermost_wins(tmp_path):
+    p = profile_trace(_sectioned_cpu_trace().write(tmp_path / "sections.json"))
+    assert (p.source, p.steps) == ("cpu", 1)
+    assert p.kernel_count == 6  # ops only: sections are not ops
+    # attention: 500 - mul 50 - indexer 200 - bmm 100 = 150 us; indexer: 200 - topk 40 = 160 us
+    assert p.host_sections_ms == pytest.approx({"dsv4::attention": 0.15, "dsv4::indexer": 0.16,
+                                                "dsv4::moe": 0.1,
+                                                "dsv4::moe_inner_scope_without_rule": 0.05,
+                                                "dsv4::head": 0.0})
+    assert p.host_buckets_ms == pytest.approx({"attention": 0.31, "moe": 0.1, "other": 0.05,
+                                               "gemm_tensorop": 0.0})
+    assert p.host_ms == pytest.approx(0.46)
+    assert p.buckets_ms == pytest.approx({"gemm_tensorop": 0.17, "gemm_simt": 0.0, "attention": 0.31,
+                                          "moe": 0.1, "copy_cast": 0.0, "elementwise": 0.06,
+                                          "reduce": 0.04, "norm": 0.0, "communication": 0.0,
+                                          "other": 0.05})
+    assert p.total_ms == pytest.approx(0.46 + 0.27)  # section host time + op self time
+    assert p.coverage == pytest.approx(0.68)  # (0.73 - 0.05 other) / 1.0 ms wall
+    host_note = next(n for n in p.notes if "host time of dsv4:: code sections" in n)
+    assert "not kernel time" in host_note and "attention 0.31" in host_note
+    assert any("no rule" in n and "dsv4::moe_inner_scope_without_rule" in n for n in p.notes)
+    assert ("dsv4::indexer", "attention", pytest.approx(0.16), 1) in p.top_kernels
+    d = p.to_dict()  # the split travels with the profile
+    assert d["host_ms"] == pytest.approx(0.46) and d["host_buckets_ms"]["attention"] == pytest.approx(0.31)
+
+
+def test_gpu_trace_ignores_sections(tmp_path):
+    """On a GPU the buckets are kernel time: dsv4:: scopes (and Kineto's GPU mirrors of them) add
+    nothing, and the figures are exactly those of the same trace without them."""
+    plain = profile_trace(case_study_trace(after=False).write(tmp_path / "plain.json"))
+    b = case_study_trace(after=False)
+    for cat in ("user_annotation", "gpu_user_annotation"):
+        b.annotation("dsv4::attention", 0.0, 900.0, cat=cat)
+        b.annotation("dsv4::mhc_pre", 5.0, 100.0, cat=cat)
+    b.cpu_op("aten::mm", 10.0, 50.0, BF16)
+    annotated = profile_trace(b.write(tmp_path / "annotated.json"))
+    assert annotated.to_dict() | {"path": None} == plain.to_dict() | {"path": None}
+    assert annotated.host_ms == 0.0 and annotated.host_sections_ms == {}
+
+
 def test_short_name_keeps_the_functor():
     s = short_name(ADD)
     assert s == "vectorized_elementwise_kernel<4, CUDAFunctor_add<float>, array<char*, 3ul> >"
@@ -307,6 +375,25 @@ def test_capture_cpu_per_step_and_saved_trace(tmp_path):
     again = profile_trace(out)  # the raw trace was kept and reads back the same
     assert again.buckets_ms == pytest.approx(p.buckets_ms)
     assert capture(_mixed_step("cpu"), steps=1).path is None
+
+
+def test_capture_tiny_decode_step_names_its_sections(tmp_path):
+    """A real dsv4 step under the profiler opens every section the rules know; host time and op self
+    time add up to at most the wall; without a profiler a section costs a shared null context."""
+    from dsv4 import sections
+    from dsv4.config import preset
+    from dsv4.session import DecodeSession
+    from autoopt import profile_rules
+
+    assert sections.section("attention") is sections._NULL  # nothing records: no record_function
+    sess = DecodeSession(preset("tiny"), device="cpu", batch=2)
+    p = capture(sess.step, steps=2, device="cpu")
+    seen = {name.removeprefix(sections.PREFIX) for name in p.host_sections_ms}
+    assert seen == set(sections.SECTIONS) - {"mhc_post_pre"}  # fused post+pre is CUDA (Triton) only
+    assert not any("no rule" in n for n in p.notes)
+    assert all(profile_rules.section_bucket(n) for n in p.host_sections_ms)
+    assert 0 < p.host_ms < p.total_ms <= p.wall_ms * 1.001  # additive: nothing counted twice
+    assert p.buckets_ms["attention"] > 0 and p.buckets_ms["moe"] > 0  # host time of those sections
 
 
 def test_capture_rejects_bad_devices():

@@ -30,6 +30,7 @@ from autoopt.agent.view import SpaceView
 PROFILE_MIN_GAIN = 0.01
 BATCH_MAX = 3
 BATCH_DISCOUNT = 0.5
+SCAN_KEEP = 24  # scanned configurations kept for costing: those with the largest expected improvement
 
 
 @dataclass
@@ -64,6 +65,13 @@ class Chooser:
         X = np.stack([c.code for c in cands])
         mu, sd = self.model.predict(X)
         ei = expected_improvement(mu, sd, f_best)
+        scan = np.array([c.source == "scan" for c in cands])
+        if scan.sum() > SCAN_KEEP:  # cost only the scanned configurations worth a look
+            keep = ~scan
+            idx = np.nonzero(scan)[0]
+            keep[idx[np.argsort(-ei[idx])[:SCAN_KEEP]]] = True
+            cands = [c for c, k in zip(cands, keep) if k]
+            X, mu, sd, ei = X[keep], mu[keep], sd[keep], ei[keep]
         p_fail = self.failures.probs(X)
         fresh_s = self.costs.fresh_start_s()
         scored = []

@@ -18,6 +18,7 @@ from autoopt.agent.view import SpaceView
 
 PRIOR_SD = 1.5  # weights: most features matter little, a few a lot
 MAX_ODDS = 0.995
+NUMERIC_SD = 3.0  # log2-size weights: a resource limit is a steep boundary, let it be one
 
 
 class FailureModel:
@@ -92,6 +93,7 @@ class FailureModel:
         w = np.zeros(F.shape[1])
         w[0] = math.log(rate / (1 - rate))
         prior_prec = np.full(F.shape[1], 1.0 / PRIOR_SD ** 2)
+        prior_prec[1:1 + len(self._numeric)] = 1.0 / NUMERIC_SD ** 2
         prior_prec[0] = 1e-4
         for _ in range(12):  # Newton steps on the penalised log-likelihood
             p = 1.0 / (1.0 + np.exp(-np.clip(F @ w, -30, 30)))

@@ -16,7 +16,8 @@ measurements taken after it was singled out are an unbiased look. A first measur
 re-measures, interleaving challenger and incumbent: each confirmation measures whichever of the two
 shrinks the sd of the difference most per second (the one built now is cheap, so runs pair up
 without paying a restart for every sample). After `max_repeats` measurements of each the
-challenger is a tie: the incumbent stays.
+challenger is a tie: the incumbent stays. So is one whose lead (plus one sd) is below what
+`max_repeats` of each could separate from the noise: repeating it would be futile.
 """
 from __future__ import annotations
 
@@ -125,9 +126,18 @@ class NoiseTracker:
         elif (d <= 0 and self.n(challenger) >= 3) or \
                 (self.n(challenger) >= self.max_repeats and self.n(incumbent) >= self.max_repeats):
             verdict = "loss"  # not better on two unbiased looks, or a tie after enough repeats
+        elif d + sd < self.z * self.sd_at_max(challenger, incumbent):
+            verdict = "loss"  # a tie: even max_repeats of each could not lift this lead out of the noise
         else:
             verdict = "open"
         return verdict, math.expm1(d), sd
+
+    def sd_at_max(self, challenger: Hashable, incumbent: Hashable) -> float:
+        """sd of the difference once both have max_repeats measurements (the challenger's first
+        one not counted)."""
+        a = self.sd_of_one(challenger) ** 2 / max(1, self.max_repeats - 1)
+        b = self.sd_of_one(incumbent) ** 2 / max(1, self.max_repeats)
+        return math.sqrt(a + b)
 
     def next_to_measure(self, challenger: Hashable, incumbent: Hashable,
                         cost_s: dict[Hashable, float]) -> Hashable:

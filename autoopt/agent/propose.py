@@ -10,6 +10,10 @@
   neighbour  cheap variants that reuse what is built now (runtime-only switches, one or two at a
              time), one-knob moves from the incumbent and from the runners-up, and a few two-knob
              moves from the incumbent.
+  scan       the model's view of the whole space: every untried configuration when the space is
+             small (at most SCAN_ALL), else SCAN_SAMPLE random ones. The chooser keeps only the few
+             with the largest expected improvement (a basin the neighbourhood cannot reach: four
+             knobs away from a local optimum).
 
 Nothing here scores or orders: autoopt.agent.choose does, with the cost model and the GP.
 """
@@ -26,12 +30,14 @@ from autoopt.agent.buckets import BucketModel
 from autoopt.agent.view import SpaceView
 
 SAMPLERS = ("tpe", "gp", "random")
+SCAN_ALL = 4096  # spaces up to this size are scanned whole
+SCAN_SAMPLE = 1024
 
 
 @dataclass
 class Candidate:
     code: np.ndarray
-    source: str  # "sampler:tpe" | "profile:<bucket>" | "neighbour" | "neighbour:build"
+    source: str  # "sampler:tpe" | "profile:<bucket>" | "neighbour" | "neighbour:build" | "scan"
     note: str = ""
 
 
@@ -128,7 +134,18 @@ class Proposer:
             self.mirror.sync(trials)
             for code in self.mirror.ask(self.n_sampler):
                 add(code, f"sampler:{self.sampler_name}", f"{self.sampler_name.upper()} on the history")
+        for code in self._scan():
+            add(code, "scan", "the model's best guess elsewhere in the space")
         return list(out.values())
+
+    def _scan(self) -> list[np.ndarray]:
+        n = self.view.n_choices
+        if not len(n):
+            return []
+        if self.view.size() <= SCAN_ALL:
+            grid = np.indices(tuple(int(k) for k in n)).reshape(len(n), -1).T
+            return list(grid.astype(np.int64))
+        return [np.array([self.rng.randrange(int(k)) for k in n], dtype=np.int64) for _ in range(SCAN_SAMPLE)]
 
     def _profile_moves(self, inc: np.ndarray, inc_ms: dict[str, float], buckets: BucketModel) -> list[Candidate]:
         if not inc_ms or not buckets.buckets:

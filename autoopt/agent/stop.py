@@ -9,6 +9,12 @@ at least 0.8%. The agent stops by itself when
     below the rate; or
   - the budget cannot fit the best candidate plus the final confirmation of the best.
 
+The first judgement needs evidence behind it: while fewer than `min_trials` (10) configurations
+were measured, "nothing is worth it" is the verdict of a model fitted on a handful of points (and a
+noisy machine can make two good knobs look bad in one trial each), so a candidate that is cheap
+(at most 10% of the budget left) is still tried: the most optimistic one (expected gain + 2 sd).
+A dear one is not: the rule then stops as above.
+
 The reason it gives reads like the engineer in the case study weighing "likely 3-5% against 8
 minutes of restart, sweep and profiling", e.g.
   best candidate glue=compile +1.2% ± 0.9% (worth +0.5%) for 8.0 min (restart 5.0 min + measure
@@ -24,6 +30,8 @@ from typing import Any
 from autoopt.errors import UserError
 
 DEFAULT_MIN_GAIN = "1%/10min"
+MIN_TRIALS = 10  # configurations measured before the model alone may say nothing is worth it ...
+EXPLORE_MAX_FRACTION = 0.10  # ... unless the next trial would take more than this share of what is left
 _UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "hr": 3600.0, "hour": 3600.0}
 _RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*/\s*(\d+(?:\.\d+)?)?\s*(s|sec|m|min|h|hr|hour)s?\s*$")
 
@@ -77,8 +85,11 @@ def fmt_gain(mu: float, sd: float | None = None) -> str:
 
 
 class StopRule:
-    def __init__(self, min_gain: MinGain | str | None = None) -> None:
+    def __init__(self, min_gain: MinGain | str | None = None, min_trials: int = MIN_TRIALS,
+                 explore_max_fraction: float = EXPLORE_MAX_FRACTION) -> None:
         self.min_gain = min_gain if isinstance(min_gain, MinGain) else MinGain.parse(min_gain)
+        self.min_trials = min_trials
+        self.explore_max_fraction = explore_max_fraction
 
     def worth_it(self, scored: Any) -> bool:
         return scored.rate >= self.min_gain.rate
@@ -94,17 +105,28 @@ class StopRule:
                 f"{fmt_s(spendable_s)} left after keeping {fmt_s(reserve_s)} for the final "
                 "confirmation: stopping")
 
-    def check(self, ranked: list[Any], budget_left_s: float, reserve_s: float) -> tuple[Any | None, str | None]:
-        """The candidate to try (the best that fits the budget), or None and the reason to stop.
+    def check(self, ranked: list[Any], budget_left_s: float, reserve_s: float,
+              n_measured: int | None = None) -> tuple[Any | None, str | None]:
+        """The candidate to try (the best that fits the budget) and None, or a cheap candidate to
+        explore and why (fewer than `min_trials` configurations measured: `n_measured`), or None and
+        the reason to stop.
 
         `ranked`: scored candidates, best first (each with .rate, .cost.total_s, .label, .gain,
         .gain_sd, .worth)."""
         if not ranked:
             return None, "nothing left to try: every configuration of the space was measured or is invalid"
         best = ranked[0]
-        if not self.worth_it(best):
-            return None, self.not_worth_reason(best)
         spendable = max(0.0, budget_left_s - reserve_s)
+        if not self.worth_it(best):
+            if n_measured is not None and n_measured < self.min_trials:
+                limit = min(spendable, self.explore_max_fraction * budget_left_s)
+                cheap = [c for c in ranked if c.cost.total_s <= limit]
+                if cheap:
+                    pick = max(cheap, key=lambda c: c.gain + 2.0 * c.gain_sd)
+                    return pick, (f"exploring: no candidate is worth {self.min_gain.text} by the model, "
+                                  f"but it rests on {n_measured} measured configurations (fewer than "
+                                  f"{self.min_trials}); the most optimistic cheap one")
+            return None, self.not_worth_reason(best)
         for cand in ranked:
             if cand.cost.total_s <= spendable:
                 if not self.worth_it(cand):

@@ -98,14 +98,14 @@ class AgentStrategy:
                                          [np.array(k) for k in ranked_keys[1:4]], self.buckets, self._evaluated)
         ranked = self.chooser.rank(cands, inc_code, f_best, built, self._transition_of(ctx), self._evaluated,
                                    inc.measurement.buckets_ms or {})
-        pick, why = self.stop_rule.check(ranked, ctx.budget_left_s, ctx.reserve_s)
+        pick, why = self.stop_rule.check(ranked, ctx.budget_left_s, ctx.reserve_s, n_measured=len(self._evaluated))
         if pick is None:
             if self.pending is not None:  # settle the challenger before handing over the best
                 repeat = self._repeat_decision(ctx, built, "before stopping: ")
                 if repeat is not None:
                     return repeat
             return Stop(why)
-        return self._decision(pick, inc, ctx)
+        return self._decision(pick, inc, ctx, note=why)
 
     def observe(self, outcome: TrialOutcome, ctx: SearchContext) -> None:
         self.diagnoses[outcome.number] = self.diagnose(outcome, ctx.history)
@@ -245,12 +245,14 @@ class AgentStrategy:
         return of
 
     # ---- decisions -------------------------------------------------------------------------------
-    def _decision(self, pick: Any, inc: TrialOutcome, ctx: SearchContext) -> Decision:
+    def _decision(self, pick: Any, inc: TrialOutcome, ctx: SearchContext, note: str | None = None) -> Decision:
         tr = self._transition_of(ctx)(pick.code)
         batch = f"; opens a build with {pick.batch} cheap runtime variants to try next" if pick.batch else ""
-        note = f"{pick.cand.note}; " if pick.cand.note else ""
-        reason = (f"{pick.label}: {note}expected {fmt_gain(pick.gain, pick.gain_sd)} "
+        cand_note = f"{pick.cand.note}; " if pick.cand.note else ""
+        reason = (f"{pick.label}: {cand_note}expected {fmt_gain(pick.gain, pick.gain_sd)} "
                   f"(worth {fmt_gain(pick.worth)}) for {pick.cost.text()}{batch}")
+        if note:
+            reason += f"; {note}"
         if pick.p_fail > 0.1:
             reason += f"; {100 * pick.p_fail:.0f}% odds it fails like similar configurations"
         extra = {"parent": inc.number, "worth": pick.worth, "p_fail": pick.p_fail,

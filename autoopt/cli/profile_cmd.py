@@ -31,7 +31,8 @@ def _bar(frac: float) -> str:
 def _trace_json(p: profiling.BucketProfile) -> dict[str, Any]:
     d = p.to_dict()
     keep = ("buckets_ms", "kernel_count", "total_ms", "coverage", "covered_ms", "wall_ms", "steps",
-            "per_step", "source", "top_kernels", "notes")
+            "per_step", "source", "top_kernels", "notes", "host_ms", "host_buckets_ms",
+            "host_sections_ms")
     return {k: d[k] for k in keep}
 
 
@@ -45,6 +46,8 @@ def _kind(p: profiling.BucketProfile) -> str:
 
 def _render_one(console: Console, path: str, p: profiling.BucketProfile, top: int) -> None:
     what = "GPU kernels" if p.source == "gpu" else "CPU ops (self time)"
+    if p.host_ms:
+        what += " + host time of dsv4:: code sections"
     steps = f"{p.steps} profiler steps, per-step figures" if p.per_step else "no ProfilerStep marks, totals"
     console.print(f"[bold]{escape(path)}[/bold]: {what}; {steps}")
     console.print(f"  {p.kernel_count} {'kernels' if p.source == 'gpu' else 'ops'}"

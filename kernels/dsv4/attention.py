@@ -26,6 +26,7 @@ from dsv4.compressor import compress_step
 from dsv4.config import DecodeConfig
 from dsv4.glue import rmsnorm
 from dsv4.rope import apply_rope
+from dsv4.sections import section
 from dsv4.weights import Params
 
 TILE_KNOBS = ("attn_block_kv", "attn_heads_per_tile", "attn_num_warps", "attn_num_stages",
@@ -122,10 +123,11 @@ def attention_block(x: torch.Tensor, p: Params, lc: LayerCache, pos: torch.Tenso
         write_slot(lc.kv, W + group, entry, complete)
         n_valid = (pos + 1) // lc.ratio  # complete compressed entries, this token's included
         if lc.cls == "c4":
-            indexer.update_keys(x, p, lc, pos, freqs, rd)
-            sel = indexer.select(q_low, x, p, lc, n_valid, cos, sin, rd, cfg.idx_heads,
-                                 cfg.idx_topk, knobs["indexer_gemm"], "indexer" in breaks,
-                                 knobs["indexer_kernel"])
+            with section("indexer"):  # nested in dsv4::attention: its host time is the indexer's
+                indexer.update_keys(x, p, lc, pos, freqs, rd)
+                sel = indexer.select(q_low, x, p, lc, n_valid, cos, sin, rd, cfg.idx_heads,
+                                     cfg.idx_topk, knobs["indexer_gemm"], "indexer" in breaks,
+                                     knobs["indexer_kernel"])
             parts.append(torch.where(sel >= 0, sel + W, -1))  # [B, topk]
             ran["indexer"] = indexer.describe(knobs["indexer_kernel"], knobs["indexer_gemm"])
         else:  # c128: every complete compressed entry

@@ -10,6 +10,10 @@ with layer i+1's hc_pre before attention (that hc_pre's GEMM knobs and weights a
 The last layer's hc_post before hc_head stays unfused. what_ran: ("mhc_gemm", i) describes layer
 i's hc_pre before attention (fused or not), ("mhc_post_pre", i) layer i's fused posts.
 
+Each part runs inside a profiler section (dsv4.sections: dsv4::embed, mhc_pre, attention, mhc_post,
+mhc_post_pre, moe, mhc_head, head), so a CPU profile can attribute the host time between ops to the
+part that spent it; no cost when no profiler records.
+
 Knob values are resolved per layer once (LayerPlan) when the session is (re)configured, not looked
 up at every step. The step does no host synchronisation except where a variant needs one
 (moe_experts=loop), so it can be captured in a CUDA graph.
@@ -29,6 +33,7 @@ from dsv4.knobs import KNOBS
 from dsv4.mhc import hc_head, hc_post, hc_post_pre, hc_pre
 from dsv4.moe import moe_block
 from dsv4.rope import cos_sin, inv_freq
+from dsv4.sections import section
 from dsv4.weights import ModelWeights
 
 BREAKABLE_OPS = ("attention", "indexer", "mhc", "moe")
@@ -71,10 +76,12 @@ def _pre(st: ModelState, R: torch.Tensor, pending: tuple | None, p, prefix: str,
     cached = st.weights.hc_fn_bf16.get((layer, prefix))
     if pending is not None:
         out, post, comb = pending
-        R, x, post, comb, desc = hc_post_pre(out, R, post, comb, p, prefix, norm_w, cached, knobs,
-                                             st.glue)
+        with section("mhc_post_pre"):
+            R, x, post, comb, desc = hc_post_pre(out, R, post, comb, p, prefix, norm_w, cached,
+                                                 knobs, st.glue)
     else:
-        x, post, comb, desc = hc_pre(R, p, prefix, norm_w, cached, knobs, st.glue)
+        with section("mhc_pre"):
+            x, post, comb, desc = hc_pre(R, p, prefix, norm_w, cached, knobs, st.glue)
     if "mhc" in st.breaks:
         post = post * BREAK_MHC_FACTOR
     return x, post, comb, R, desc
@@ -90,24 +97,28 @@ def decode_forward(st: ModelState, tokens: torch.Tensor) -> tuple[torch.Tensor, 
     rope = (st.freqs, cos, sin)
     ran: dict[tuple[str, int], str] = {}
 
-    x = w.globals.embed[tokens]  # [B, hidden] bf16
-    R = x[:, None, :].expand(B, cfg.hc_mult, cfg.hidden).contiguous()  # [B, hc, hidden] bf16
+    with section("embed"):
+        x = w.globals.embed[tokens]  # [B, hidden] bf16
+        R = x[:, None, :].expand(B, cfg.hc_mult, cfg.hidden).contiguous()  # [B, hc, hidden] bf16
     pending = None  # (out, post, comb) of the previous layer's MoE hc_post, left to be fused
     for plan, p, lc in zip(st.plans, w.layers, cache.layers):
         i, knobs = plan.layer, plan.knobs
         fuse = knobs["mhc_fuse_post_pre"] == "on"
         x, post, comb, R, ran[("mhc_gemm", i)] = _pre(st, R, pending, p, "hc_attn", p.attn_norm, i,
                                                       knobs)
-        out, ran_attn = attention_block(x, p, lc, pos, rope, cfg, knobs, st.breaks)
+        with section("attention"):
+            out, ran_attn = attention_block(x, p, lc, pos, rope, cfg, knobs, st.breaks)
         for op, desc in ran_attn.items():
             ran[(op, i)] = desc
         if fuse:
             x, post, comb, R, desc = _pre(st, R, (out, post, comb), p, "hc_ffn", p.ffn_norm, i, knobs)
         else:
-            R = hc_post(out, R, post, comb, st.glue)
+            with section("mhc_post"):
+                R = hc_post(out, R, post, comb, st.glue)
             x, post, comb, R, _ = _pre(st, R, None, p, "hc_ffn", p.ffn_norm, i, knobs)
-        out, ran[("moe", i)] = moe_block(x, tokens, p, cfg.topk_experts, plan.hash_routed,
-                                         knobs["moe_experts"], "moe" in st.breaks)
+        with section("moe"):
+            out, ran[("moe", i)] = moe_block(x, tokens, p, cfg.topk_experts, plan.hash_routed,
+                                             knobs["moe_experts"], "moe" in st.breaks)
         last = i == len(st.plans) - 1
         if fuse:
             ran[("mhc_post_pre", i)] = desc + ("; the MoE's hc_post unfused (last layer: hc_head "
@@ -116,10 +127,13 @@ def decode_forward(st: ModelState, tokens: torch.Tensor) -> tuple[torch.Tensor, 
         if fuse and not last:
             pending = (out, post, comb)
         else:
-            R, pending = hc_post(out, R, post, comb, st.glue), None
+            with section("mhc_post"):
+                R, pending = hc_post(out, R, post, comb, st.glue), None
 
-    y, ran[("mhc_gemm", -1)] = hc_head(R, w.globals, cfg.knobs(), st.glue,
-                                       w.hc_fn_bf16.get((-1, "hc_head")))
-    logits = F.linear(y, w.globals.lm_head).float()  # [B, vocab]
+    with section("mhc_head"):
+        y, ran[("mhc_gemm", -1)] = hc_head(R, w.globals, cfg.knobs(), st.glue,
+                                           w.hc_fn_bf16.get((-1, "hc_head")))
+    with section("head"):
+        logits = F.linear(y, w.globals.lm_head).float()  # [B, vocab]
     cache.pos.add_(1)
     return logits, ran

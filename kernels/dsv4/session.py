@@ -31,6 +31,7 @@ from dsv4.device import capabilities, device_info
 from dsv4.glue import Glue, make_glue
 from dsv4.knobs import KNOB_BY_NAME, KNOBS, unmet_requirement
 from dsv4.model import BREAKABLE_OPS, ModelState, decode_forward, make_plans
+from dsv4.sections import section
 from dsv4.weights import ModelWeights
 
 BREAK_ENV = "DSV4_TEST_BREAK"
@@ -117,8 +118,9 @@ class DecodeSession:
     # ---- the step ----
     def _step_body(self) -> None:
         logits, self._ran = decode_forward(self.state, self.tokens)
-        self.last_logits.copy_(logits)
-        self.tokens.copy_(logits.argmax(dim=-1))
+        with section("sample"):
+            self.last_logits.copy_(logits)
+            self.tokens.copy_(logits.argmax(dim=-1))
 
     def step(self) -> torch.Tensor:
         """One decode step for the whole batch -> [B] int64 greedy tokens (the next inputs)."""
@@ -226,9 +228,10 @@ class DecodeSession:
         new_plans = make_plans(new_config)
         if ([p.knobs for p in new_plans] == [p.knobs for p in old_plans]
                 and new_config.knobs() == self.config.knobs()):
-            self.config = new_config
+            self.config = self.state.cfg = new_config
             return "none"
-        self.config = new_config
+        # the step reads global knobs (hc_head's collapse) from state.cfg: it must follow too
+        self.config = self.state.cfg = new_config
         self.state.plans = new_plans
         self.state.glue = self._glue(new_config.glue)
         rebuilt = self.weights.sync_hc_cache(self._cached_hc_layers(new_config))
