@@ -16,8 +16,8 @@ measurements taken after it was singled out are an unbiased look. A first measur
 re-measures, interleaving challenger and incumbent: each confirmation measures whichever of the two
 shrinks the sd of the difference most per second (the one built now is cheap, so runs pair up
 without paying a restart for every sample). After `max_repeats` measurements of each the
-challenger is a tie: the incumbent stays. So is one whose lead (plus one sd) is below what
-`max_repeats` of each could separate from the noise: repeating it would be futile.
+challenger is a tie: the incumbent stays. So is one whose lead after its first repeat (plus one sd)
+is below what `max_repeats` of each could separate from the noise: more repeats would be futile.
 """
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ class NoiseTracker:
         elif (d <= 0 and self.n(challenger) >= 3) or \
                 (self.n(challenger) >= self.max_repeats and self.n(incumbent) >= self.max_repeats):
             verdict = "loss"  # not better on two unbiased looks, or a tie after enough repeats
-        elif d + sd < self.z * self.sd_at_max(challenger, incumbent):
+        elif not single and d + sd < self.z * self.sd_at_max(challenger, incumbent):
             verdict = "loss"  # a tie: even max_repeats of each could not lift this lead out of the noise
         else:
             verdict = "open"

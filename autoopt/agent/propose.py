@@ -10,8 +10,9 @@
   neighbour  cheap variants that reuse what is built now (runtime-only switches, one or two at a
              time), one-knob moves from the incumbent and from the runners-up, and a few two-knob
              moves from the incumbent.
-  scan       the model's view of the whole space: every untried configuration when the space is
-             small (at most SCAN_ALL), else SCAN_SAMPLE random ones. The chooser keeps only the few
+  scan       the model's view of the space within SCAN_RADIUS knobs of the incumbent: every untried
+             configuration when the space is small (at most SCAN_ALL), else SCAN_SAMPLE random ones
+             (those within the radius). The chooser keeps only the few
              with the largest expected improvement (a basin the neighbourhood cannot reach: four
              knobs away from a local optimum).
 
@@ -32,6 +33,8 @@ from autoopt.agent.view import SpaceView
 SAMPLERS = ("tpe", "gp", "random")
 SCAN_ALL = 4096  # spaces up to this size are scanned whole
 SCAN_SAMPLE = 1024
+SCAN_RADIUS = 5  # knobs changed from the incumbent at most: a trust region (the GP's EI far from
+                 # every measurement is mostly its prior's width, not evidence)
 
 
 @dataclass
@@ -135,7 +138,8 @@ class Proposer:
             for code in self.mirror.ask(self.n_sampler):
                 add(code, f"sampler:{self.sampler_name}", f"{self.sampler_name.upper()} on the history")
         for code in self._scan():
-            add(code, "scan", "the model's best guess elsewhere in the space")
+            if int((code != incumbent).sum()) <= SCAN_RADIUS:
+                add(code, "scan", "the model's best guess elsewhere in the space")
         return list(out.values())
 
     def _scan(self) -> list[np.ndarray]:
