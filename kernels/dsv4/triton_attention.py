@@ -59,7 +59,9 @@ def sparse_mqa_decode_per_head_kernel(q_ptr, kv_ptr, idx_ptr, sink_ptr, out_ptr,
         valid = ids >= 0
         rows = kv_base + ids.to(tl.int64)[:, None] * D + offs_d[None, :]
         kv = tl.load(rows, mask=valid[:, None], other=0.0).to(tl.float32)  # [BLOCK_KV, D]
-        s = tl.sum(kv * q[None, :], axis=1) * qk_scale  # [BLOCK_KV], no tensor cores
+        # .to(fp32): a float argument may arrive as fp64 (torch.compile's wrapper of user kernels), and
+        # the loop-carried running max must keep one type
+        s = (tl.sum(kv * q[None, :], axis=1) * qk_scale).to(tl.float32)  # [BLOCK_KV], no tensor cores
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         alpha = tl.exp2(m_i - m_new)
@@ -111,7 +113,7 @@ def sparse_mqa_decode_mma_kernel(q_ptr, kv_ptr, idx_ptr, sink_ptr, out_ptr, m_ws
             s = tl.dot(q.to(tl.float32), tl.trans(kv.to(tl.float32)), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(kv))
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+        s = tl.where(valid[None, :], (s * qk_scale).to(tl.float32), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [BLOCK_H]
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])  # [BLOCK_H, BLOCK_KV]
