@@ -193,12 +193,13 @@ def profile_events(events: list[dict[str, Any]], top: int = 20, label: str = "tr
     n = max(len(steps), 1)
     host_us = sum(host_buckets_us.values())
     if host_items:
+        unit = "ms/step" if steps else "ms"
         split = ", ".join(f"{b} {us / 1e3 / n:.2f}" for b, us in
                           sorted(host_buckets_us.items(), key=lambda kv: -kv[1]))
         notes.append(f"host time of dsv4:: code sections (Python/dispatcher time between their ops, "
                      f"profiler overhead included; not kernel time) is counted in their buckets: "
-                     f"{host_us / 1e3 / n:.2f} ms{'/step' if steps else ''} ({split}); the ops' "
-                     f"own self time is {(sum(buckets_us.values()) - host_us) / 1e3 / n:.2f} ms")
+                     f"{host_us / 1e3 / n:.2f} {unit} ({split}); the ops' own self time is "
+                     f"{(sum(buckets_us.values()) - host_us) / 1e3 / n:.2f} {unit}")
     ranked = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:max(top, 0)]
     return BucketProfile(
         buckets_ms={b: v / 1e3 / n for b, v in buckets_us.items()},

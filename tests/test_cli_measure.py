@@ -61,13 +61,25 @@ def test_measure_tiny_profile_coverage_reaches_done_when(tiny_profiled):
     profiled wall is host time between ops (Python, dispatcher, profiler); the decode step's
     dsv4:: code sections (dsv4.sections) let the profile attribute that time to the part of the step
     that spent it (profile_rules.SECTION_RULES), and the profile says how much of it is host time.
-    What stays uncovered: metadata ops (view, empty, as_strided: `other`, ~13%) and the step's own
-    orchestration between sections (~2%); 0.85-0.92 measured at C=4 on a loaded 2-core CPU."""
+    What stays uncovered: metadata ops (view, empty, as_strided: `other`, ~12% of the wall) and the
+    step's own orchestration between sections (~1-2%).
+
+    Measured at C=4, 1 worker thread, on this 2-core CPU: 0.863-0.868 in 8 runs on a quiet machine
+    (before the sections: 0.49-0.63). Under load 3-5 from other processes, 0.84-0.92 in 9 of 10
+    runs and once 0.78: a long deschedule inside metadata ops doubled `other` in that 3-step
+    profile. So one low figure is re-measured once (a second, independent profile); a second one
+    below 0.8 is a failure."""
     _wall_s, out = tiny_profiled
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout)
+    figures = [doc["bucket_coverage"]]
+    if figures[0] < 0.8:
+        out = _autoopt("measure", "--preset", "tiny", "--json", "--profile")
+        assert out.returncode == 0, out.stderr[-3000:]
+        doc = json.loads(out.stdout)
+        figures.append(doc["bucket_coverage"])
     profile_line = doc["what_ran"].get("profile", "")
-    assert doc["bucket_coverage"] >= 0.8, (doc["bucket_coverage"], profile_line)
+    assert figures[-1] >= 0.8, (figures, profile_line)
     assert "host time of dsv4:: code sections" in profile_line  # the split is stated, not hidden
     assert "not kernel time" in doc["what_ran"].get("profile.notes", "")
 

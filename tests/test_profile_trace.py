@@ -382,10 +382,10 @@ def test_capture_tiny_decode_step_names_its_sections(tmp_path):
     time add up to at most the wall; without a profiler a section costs a shared null context."""
     import torch
 
+    from autoopt import profile_rules
     from dsv4 import sections
     from dsv4.config import preset
     from dsv4.session import DecodeSession
-    from autoopt import profile_rules
 
     assert sections.section("attention") is sections._NULL  # nothing records: no record_function
     sess = DecodeSession(preset("tiny"), device="cpu", batch=2)

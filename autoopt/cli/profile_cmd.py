@@ -41,7 +41,8 @@ def _unit(p: profiling.BucketProfile) -> str:
 
 
 def _kind(p: profiling.BucketProfile) -> str:
-    return f"{'per-step' if p.per_step else 'whole-trace'} {p.source.upper()} figures"
+    host = " (with host time of dsv4:: code sections)" if p.host_ms else ""
+    return f"{'per-step' if p.per_step else 'whole-trace'} {p.source.upper()} figures{host}"
 
 
 def _render_one(console: Console, path: str, p: profiling.BucketProfile, top: int) -> None:
