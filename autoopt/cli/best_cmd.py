@@ -10,7 +10,7 @@ from autoopt.cli.app import app
 from autoopt.cli.history_cmd import DB_HELP, STUDY_HELP
 
 
-@app.command("best")
+@app.command("best", epilog="Examples:\n\n  autoopt best\n\n  autoopt best --study flash-h200 --objective tok_per_s@16 --json\n\n  autoopt best --export config.yaml")
 def best_command(
     study: Optional[str] = typer.Option(None, "--study", help=STUDY_HELP),
     objective: Optional[str] = typer.Option(

@@ -9,7 +9,7 @@ from autoopt.cli.app import app
 from autoopt.cli.history_cmd import DB_HELP, STUDY_HELP
 
 
-@app.command("diff")
+@app.command("diff", epilog="Examples:\n\n  autoopt diff 0 12\n\n  autoopt diff 3 4 --json")
 def diff_command(
     a: str = typer.Argument(..., help="Trial A (number, or id:N)."),
     b: str = typer.Argument(..., help="Trial B (number, or id:N)."),

@@ -14,7 +14,7 @@ DB_HELP = "Database URL or SQLite path (default: $AUTOOPT_DB, else db/autoopt.sq
 STUDY_HELP = "Study name (default: the most recently active study in the database)."
 
 
-@app.command("history")
+@app.command("history", epilog="Examples:\n\n  autoopt history\n\n  autoopt history --sort objective --limit 10\n\n  autoopt history --failed --json")
 def history_command(
     study: Optional[str] = typer.Option(None, "--study", help=STUDY_HELP),
     sort: str = typer.Option("number", "--sort", help="objective (best first) | number | time (newest first)."),

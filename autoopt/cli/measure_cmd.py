@@ -20,7 +20,8 @@ from autoopt.errors import UserError
 _SET_RE = re.compile(r"^(?P<knob>[A-Za-z_][A-Za-z0-9_]*)(?:@(?P<layer>[A-Za-z0-9_]+))?=(?P<value>.+)$")
 _DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
 
-EPILOG = ("Exit codes: 0 = measured and correct; 1 = the configuration is wrong (guard verdict) or "
+EPILOG = ("Examples:\n\n  autoopt measure --preset tiny --json\n\n  autoopt measure --set mhc_gemm=bf16 --set mhc_operand=view_bf16_residual --profile\n\n  autoopt measure --config config.yaml\n\n"
+          "Exit codes: 0 = measured and correct; 1 = the configuration is wrong (guard verdict) or "
           "failed (crash, hang, OOM, CUDA/compile error, excluded on this device) — its figures are "
           "still printed; 2 = bad input (unknown knob or value, bad --set/--shape syntax, unreadable "
           "--config file, unknown preset or device).")

@@ -10,7 +10,7 @@ from autoopt.cli.app import app
 from autoopt.cli.history_cmd import DB_HELP, STUDY_HELP
 
 
-@app.command("show")
+@app.command("show", epilog="Examples:\n\n  autoopt show 12\n\n  autoopt show 0 --study dsv4_tiny_cpu --json")
 def show_command(
     trial: str = typer.Argument(..., help="Trial number (e.g. 12) or Optuna trial id (id:345)."),
     study: Optional[str] = typer.Option(None, "--study", help=STUDY_HELP),
