@@ -41,6 +41,7 @@ class RunOptions:
     confirm: bool = True
     min_gain: str | None = None  # the agent's stop rule, GAIN%/TIME (default autoopt.agent.stop)
     command_line: str | None = None
+    replay: dict[str, Any] | None = None  # replay-target options: objective, minimize, measure_s, restart_s
 
 
 def parse_min_gain(text: str | None) -> str:
@@ -50,9 +51,30 @@ def parse_min_gain(text: str | None) -> str:
     return MinGain.parse(text).text
 
 
+def parse_restart_s(items: list[str] | None) -> dict[str, float]:
+    """`--restart-s KNOB=SECONDS` (repeatable) -> {knob: seconds}; UserError on bad syntax."""
+    out: dict[str, float] = {}
+    for item in items or ():
+        knob, sep, value = item.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not sep or not knob.strip() or seconds < 0:
+            raise UserError(f"--restart-s {item!r}: expected KNOB=SECONDS with SECONDS >= 0 (e.g. "
+                            "attention=45)")
+        out[knob.strip()] = seconds
+    return out
+
+
 def open_target(spec: str, preset: str, device: str, shape: dict[str, Any] | None = None,
-                seed: int | None = None) -> Any:
-    """A Target from its spec: `builtin` (dsv4 in a worker process) or `replay:TABLE`."""
+                seed: int | None = None, replay: dict[str, Any] | None = None) -> Any:
+    """A Target from its spec: `builtin` (dsv4 in a worker process) or `replay:TABLE`; `replay` holds
+    the replay-only options (objective, minimize, measure_s, restart_s)."""
+    replay = {k: v for k, v in (replay or {}).items() if v not in (None, {}, [])}
+    if replay and not spec.startswith("replay:"):
+        raise UserError(f"--objective/--minimize/--maximize/--measure-s/--restart-s apply to a replay "
+                        f"target (--target replay:TABLE), not to {spec!r}")
     if spec == "builtin":
         from autoopt.targets.builtin import BuiltinTarget
 
@@ -61,7 +83,7 @@ def open_target(spec: str, preset: str, device: str, shape: dict[str, Any] | Non
         from autoopt.targets.replay import from_spec
 
         try:
-            return from_spec(spec, seed=seed or 0)
+            return from_spec(spec, seed=seed or 0, **replay)
         except (OSError, ValueError) as exc:
             raise UserError(f"--target {spec}: {exc}") from None
     raise UserError(f"--target: unknown target {spec!r} (expected builtin or replay:TABLE)")
@@ -119,7 +141,7 @@ def execute(opts: RunOptions, observer: Any = None) -> RunResult:
             from autoopt.targets.replay import replay_space
 
             target_spec, preset, device = opts.target, opts.preset or "replay", "none"
-            target = open_target(target_spec, preset, device, {}, seed)
+            target = open_target(target_spec, preset, device, {}, seed, opts.replay)
             budget = Budget(budget_s, clock=target.now)
             budget.start()
             space = replay_space(target)
@@ -128,7 +150,8 @@ def execute(opts: RunOptions, observer: Any = None) -> RunResult:
             preset = opts.preset or str(doc.header("preset", "tiny"))
             device = opts.device or str(doc.header("device", "auto"))
             target_spec = opts.target or str(doc.header("target", "builtin"))
-            target = open_target(target_spec, preset, device, doc.header("shape_overrides") or {}, seed)
+            target = open_target(target_spec, preset, device, doc.header("shape_overrides") or {}, seed,
+                                 opts.replay)
             budget = Budget(budget_s, clock=target.now)
             budget.start()  # the budget includes starting the target (its first worker)
             space = SearchSpace(doc, TargetInfo.from_target(target))

@@ -50,6 +50,16 @@ def run(
                                            "at least GAIN per TIME of restart + measurement (e.g. "
                                            "1%/10min, 0.5%/5m, 2%/h; 0 = never stop for lack of "
                                            "gain). Default: 1%/10min."),
+    objective: Optional[str] = typer.Option(None, "--objective", help="Replay target: the table's "
+                                            "objective column (default: the side-car YAML's, else "
+                                            "tok_per_s / time)."),
+    minimize: Optional[bool] = typer.Option(None, "--minimize/--maximize", help="Replay target: the "
+                                            "objective's direction (default: the side-car YAML's)."),
+    measure_s: Optional[float] = typer.Option(None, "--measure-s", help="Replay target: simulated "
+                                              "seconds of one measurement for rows without measure_s."),
+    restart_s: list[str] = typer.Option([], "--restart-s", help="Replay target: KNOB=SECONDS, the "
+                                        "simulated cost of switching KNOB (repeatable; wins over the "
+                                        "side-car YAML)."),
     confirm: bool = typer.Option(True, "--confirm/--no-confirm", help="Re-measure the best at the end "
                                  "(a budget reserve is kept for it)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout (progress goes "
@@ -69,13 +79,17 @@ def run(
       autoopt run --budget 30m --min-gain 0.5%/5m
 
       autoopt run --resume
+
+      autoopt run --target replay:benchmarks/data/tiny_cpu_grid.csv --budget 30m --restart-s attention=45
     """
     from autoopt.live_view import LiveView
-    from autoopt.run_session import RunOptions, execute, summary
+    from autoopt.run_session import RunOptions, execute, parse_restart_s, summary
 
     opts = RunOptions(space=space, target=target, preset=preset, device=device, budget=budget,
                       max_trials=max_trials, study=study, db=db, seed=seed, resume=resume,
                       strategy=strategy, confirm=confirm, min_gain=min_gain,
+                      replay={"objective": objective, "minimize": minimize, "measure_s": measure_s,
+                              "restart_s": parse_restart_s(restart_s)},
                       command_line=shlex.join(["autoopt", *sys.argv[1:]]))
     observer = LiveView(live=False if as_json else live)
     try:
