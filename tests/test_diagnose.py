@@ -143,3 +143,18 @@ def test_h200_full_decode_step_traces():
     assert a.coverage < 0.2 and a.kernel_count > 5000
     d = compare(a.buckets_ms, b.buckets_ms)
     assert d.kind == "unchanged", d.verdict
+
+
+def test_cpu_decode_step_traces_tell_the_case_study():
+    """Real CPU traces of the dsv4 decode step (tests/fixtures/traces/make_cpu_decode_traces.py:
+    tiny preset at hidden=2048, batch 64): flipping the mHC GEMM to bf16 with the round-trip cast
+    makes the SIMT GEMM time fall (AMX-bf16 on the capturing Xeon) while copies grow, and the diff says
+    the casts ate part of the gain. In this capture the fp32 path's elementwise ops (aten::mul/add)
+    also cost more, so the falling group the verdict names can be elementwise rather than GEMM."""
+    a, b = (profile_trace(FIX / f"cpu_decode_{v}.json.gz") for v in ("fp32", "bf16_cast"))
+    assert a.source == b.source == "cpu" and a.coverage > 0.8 and b.coverage > 0.8
+    assert b.buckets_ms["gemm_simt"] < a.buckets_ms["gemm_simt"]
+    d = compare(a.buckets_ms, b.buckets_ms)
+    assert d.delta_ms["copy_cast"] > 0
+    assert d.kind == "eaten", d.verdict
+    assert "casts ate" in d.verdict and "gemm_simt" in d.verdict, d.verdict
