@@ -102,10 +102,9 @@ def test_bf16_mhc_cast_from_fp32_costs_copy_time_that_a_view_does_not():
     step and the profiler's own overhead. At hidden=4096, C=64 it is 4 MiB per call and the mHC's own
     [C, 4*hidden] copies dominate the bucket; still the 9 casts per step add only ~13% to it (6 of
     46 ms: 9 upcasts and 17 hc_post copies of the same size remain in both), while other processes
-    on a shared 2-core CPU stretch whole profiles by 2-3x. So measurements alternate (A B A B ...)
-    (A B B A order, 5 profiled steps a round) and the minimum of each is compared: contention only
-    ever adds time, and the minimum is the
-    least disturbed figure. On an H200 the same shapes give a small but steady difference (0.85 vs
+    on a shared 2-core CPU stretch whole profiles by 2-3x. So measurements alternate in A B B A
+    order, 5 profiled steps a round, and the minimum of each is compared: contention only ever adds
+    time, and the minimum is the least disturbed figure. On an H200 the same shapes give a small but steady difference (0.85 vs
     0.83 ms/step in all 8 rounds: the casts are ~2 us each at 4 TB/s). The bf16 hc_fn is cached in
     both configurations so the per-call weight cast does not dilute the difference; the guard is off
     (this is about buckets)."""
