@@ -41,3 +41,15 @@ def repo_root() -> Path:
 @pytest.fixture
 def python_exe() -> str:
     return sys.executable
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run a module's in-process decode steps on one torch thread (as the worker does on a CPU):
+    on 2 shared cores, two threads fight and step times swing tenfold."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

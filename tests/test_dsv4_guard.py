@@ -13,12 +13,7 @@ BF16_ALL = dict(mhc_gemm="bf16", mhc_operand="view_bf16_residual", hc_fn_weight=
                 indexer_gemm="bf16", attention="mma", moe_experts="grouped")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: one torch thread
 
 
 def test_reference_agrees_with_itself_exactly():

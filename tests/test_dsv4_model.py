@@ -13,13 +13,7 @@ from dsv4.ref_ops import (indexer_scores_ref, mhc_prenorm_ref, moe_experts_ref,
 from dsv4.session import DecodeSession
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny ops on a shared 2-core box: a second OpenMP thread only adds spin-wait jitter
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: one torch thread
 
 
 def tiny(**knobs):

@@ -40,12 +40,7 @@ ALL_FAST = dict(indexer_kernel="triton_fused", indexer_gemm="bf16", mhc_kernel="
                 mhc_fuse_post_pre="on", moe_experts="triton_grouped", attention="mma")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: one torch thread
 
 
 # ---------------------------------------------------------------- declarations, CPU exclusion
