@@ -126,6 +126,7 @@ def load_config_file(path: str | Path) -> LoadedConfig:
         raise UserError(f"{where}: shape: {exc}") from None
 
     overrides: list[list[Any]] = []
+    per_class: dict[tuple[str, str], dict[int, Any]] = {}  # class-scoped knobs given layer by layer
     for layer_key, layer_knobs in layers_in.items():
         if str(layer_key) in LAYER_CLASSES:
             layer_ids, scope = model.layers_of_class(str(layer_key)), "layer_class"
@@ -144,14 +145,25 @@ def load_config_file(path: str | Path) -> LoadedConfig:
             knob = KNOB_BY_NAME.get(name)
             if knob is None:
                 raise UserError(f"{where}: layers.{layer_key}.{name}: unknown knob")
-            if scope not in knob.scopes:
+            # a layer-class knob written layer by layer (as `autoopt best --export` writes every
+            # override) is fine when each class's layers agree: checked once all layers are read
+            by_class = scope == "layer" and "layer_class" in knob.scopes
+            if scope not in knob.scopes and not by_class:
                 raise UserError(f"{where}: layers.{layer_key}.{name}: knob allows scopes "
                                 f"{', '.join(knob.scopes)}, not {scope}")
             try:
                 value = coerce_value(knob, value)
             except ValueError as exc:
                 raise UserError(f"{where}: layers.{layer_key}.{name}: {exc}") from None
+            if by_class and scope not in knob.scopes:
+                per_class.setdefault((model.layer_class(layer_ids[0]), name), {})[layer_ids[0]] = value
             overrides.extend([layer, name, value] for layer in layer_ids)
+    for (cls, name), values in per_class.items():
+        layers = model.layers_of_class(cls)
+        if set(values) != set(layers) or len({str(v) for v in values.values()}) != 1:
+            got = ", ".join(f"{i}: {values.get(i, '(unset)')}" for i in layers)
+            raise UserError(f"{where}: layers: knob {name} is set per layer class, so the {cls} layers "
+                            f"({', '.join(map(str, layers))}) need one value each alike; got {got}")
     return LoadedConfig(target=target, preset=preset_name, knobs=knobs, layer_overrides=overrides,
                         raw=raw, shape=dict(shape))
 

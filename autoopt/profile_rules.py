@@ -29,6 +29,10 @@ Decisions (and why):
   and the fused hc_post + next hc_pre (mhc_post_pre_{fp32,bf16}_kernel: the pre-norm GEMM with the
   hc_post as its prologue; a GEMM with a fused prologue/epilogue is still a GEMM, and fusing moves
   hc_post's elementwise time into it, which is what the mhc_fuse_post_pre knob is expected to do).
+- The Triton mHC glue (glue=triton: mhc_pre_mix_kernel, mhc_post_kernel, mhc_head_mix_kernel) ->
+  elementwise: each replaces a chain of eager pointwise ops and tiny row sums (mostly elementwise,
+  where the mHC sections' host time goes too), so switching the knob moves time within and out of
+  the same bucket rather than into norm or reduce. Their names carry no precision (no GEMM inside).
 - softmax -> norm: like RMSNorm/LayerNorm it reads a row, takes a row statistic and rescales the
   row; keeping it out of `elementwise` keeps that bucket meaning pure pointwise glue.
 - top-k and sorts -> reduce: a top-k is a row reduction that keeps k values (and `gatherTopK` must
@@ -101,6 +105,10 @@ RULES: tuple[Rule, ...] = (
     Rule("gemm_tensorop", r"mhc\w*(tensor|_tc|bf16|fp16)", "kernel",
          "Triton mHC GEMMs on tensor cores: mhc_prenorm_bf16_kernel, its split-K combine, "
          "mhc_post_pre_bf16_kernel (hc_post fused as the GEMM's prologue)"),
+    Rule("elementwise", r"mhc_(pre_mix|post|head_mix)_kernel", "kernel",
+         "the Triton mHC glue (glue=triton, dsv4.triton_glue): sigmoids, 4x4 Sinkhorn, stream "
+         "collapse and RMSNorm / hc_post's mix, fused; no GEMM, so no precision in the name, and "
+         "the bucket the eager glue's pointwise chain lands in (see section dsv4::mhc_pre)"),
     Rule("attention", r"indexer|lightning_index", "any",
          "the DSA lightning indexer is part of sparse attention; after the vendor GEMM rules so its "
          "GEMM, when it runs through cuBLAS, still counts as a GEMM"),

@@ -51,11 +51,16 @@ SINGLE_CHANGES: list[tuple[str, dict[str, Any]]] = [
     ("moe_experts=triton_grouped", {"moe_experts": "triton_grouped"}),
     ("hand-tuned: all Triton (eager)", dict(FAST)),
     ("hand-tuned: all Triton + cuda_graphs", {**FAST, "cuda_graphs": "on"}),
+    ("glue=triton", {"glue": "triton"}),
+    ("hand-tuned + glue=compile + cuda_graphs", {**FAST, "glue": "compile", "cuda_graphs": "on"}),
+    ("hand-tuned + glue=triton + cuda_graphs", {**FAST, "glue": "triton", "cuda_graphs": "on"}),
 ]
 
 
 # The before/after pair of the case study, kept as profiler traces (test fixtures for `autoopt profile`).
-TRACE_LABELS = {"start": "before", "mhc_gemm=bf16 (cast_from_fp32)": "after"}
+TRACE_LABELS = {"start": "before", "mhc_gemm=bf16 (cast_from_fp32)": "after",
+                "hand-tuned: all Triton + cuda_graphs": "tuned",
+                "hand-tuned + glue=triton + cuda_graphs": "tuned_triton_glue"}  # where the kernels of a tuned step go
 
 
 def _save_trace(state: Any, batch: int, path: Path, device: str) -> None:

@@ -105,6 +105,9 @@ def test_ordinal_values_correlate_with_their_neighbours(tiles):
     p = view.names.index("block_kv")  # values 16, 32, 64 (base), 128
     assert np.all(C[p, view.params[p].base, :] == 0)
     assert C[p, 0, 1] > 0.3 > C[p, 0, 3]  # 16 is like 32, not like 128 (across the pinned 64)
+    # nothing across the baseline: a 16 that loses must not predict that 128 wins (conditioning
+    # alone made the two sides anti-correlated)
+    assert C[p, 0, 3] == 0.0 and C[p, 1, 3] == 0.0
     eigs = np.linalg.eigvalsh(C[p, :4, :4])
     assert eigs.min() > -1e-9  # a valid covariance
 

@@ -32,12 +32,14 @@ def test_registry_has_agent_as_default_and_grid():
 
 def test_agent_finds_the_case_study_optimum_and_stops_by_itself(case_table):
     budget = 4 * 3600.0
-    runs = [run_one(case_table, "agent", seed, budget) for seed in range(3)]
+    runs = [run_one(case_table, "agent", seed, budget) for seed in range(8)]
     for r in runs:
         assert r.stop_reason.startswith("strategy stopped:") and r.stopped_early
         assert r.elapsed_s < 0.6 * budget  # nothing was worth the rest of the budget
         assert r.best_frac >= 0.95 and r.trials < 40
-    assert sum(r.best_frac >= 0.99 for r in runs) >= 2
+    # within 1% of the optimum in at least three runs of four (a 2-min sweep's noise of 1.5% can
+    # hide the last +2.7% switch: such a run stops at 0.966, which the line above still bounds)
+    assert sum(r.best_frac >= 0.99 for r in runs) >= 6
 
 
 def test_agent_beats_random_search_on_the_case_study(case_table):

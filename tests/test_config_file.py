@@ -58,6 +58,25 @@ def test_minimal_hand_written_file_with_values_as_text_and_layer_class(tmp_path)
     assert c4_layers and loaded.layer_overrides == [[i, "mhc_gemm", "bf16"] for i in c4_layers]
 
 
+def test_layer_class_knob_written_layer_by_layer_as_best_export_writes_it(tmp_path):
+    """`autoopt best --export` writes every override per layer index; a knob that allows only the
+    global and layer_class scopes (attn_block_kv) then appears per layer. Found on the H200: the
+    exported best did not load. Each class's layers must agree, and the file says which do not."""
+    import dsv4
+
+    cfg = dsv4.preset("tiny")
+    c128 = cfg.layers_of_class("c128")
+    assert len(c128) >= 2
+    per_layer = {i: {"attn_block_kv": 32 if cfg.layer_class(i) == "c128" else 64} for i in range(cfg.n_layers)}
+    p = tmp_path / "exported.yaml"
+    p.write_text(yaml.safe_dump({"preset": "tiny", "knobs": {"attn_block_kv": 64}, "layers": per_layer}))
+    loaded = load_config_file(p)
+    assert [o for o in loaded.layer_overrides if o[2] == 32] == [[i, "attn_block_kv", 32] for i in c128]
+    per_layer[c128[0]] = {"attn_block_kv": 128}  # one c128 layer disagrees with the other
+    p.write_text(yaml.safe_dump({"preset": "tiny", "knobs": {"attn_block_kv": 64}, "layers": per_layer}))
+    with pytest.raises(UserError, match="attn_block_kv is set per layer class, so the c128 layers"):
+        load_config_file(p)
+
 def test_shape_overrides_are_read(tmp_path):
     p = tmp_path / "s.yaml"
     p.write_text("preset: tiny\nshape: {hidden: 512}\nknobs: {}\n")

@@ -88,6 +88,9 @@ def test_named_kernels(name, bucket):
     ("mhc_prenorm_bf16_combine_kernel", "gemm_tensorop"),
     ("mhc_post_pre_fp32_kernel", "gemm_simt"),  # hc_post fused as the pre-norm GEMM's prologue
     ("mhc_post_pre_bf16_kernel", "gemm_tensorop"),
+    # the Triton mHC glue (glue=triton): fused pointwise chains + tiny row sums, no GEMM
+    ("mhc_pre_mix_kernel", "elementwise"), ("mhc_post_kernel", "elementwise"),
+    ("mhc_head_mix_kernel", "elementwise"),
     ("indexer_scores_kernel", "attention"), ("sparse_mqa_decode_combine_kernel", "attention"),
     ("moe_gate_up_kernel", "moe"), ("moe_down_kernel", "moe"), ("moe_reduce_kernel", "moe"),
 ])

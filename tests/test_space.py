@@ -215,11 +215,13 @@ def test_replay_space_takes_scoped_constraints(tmp_path):
     src = REPO / "benchmarks" / "data"
     shutil.copy(src / "tiny_cpu_grid.csv", tmp_path / "g.csv")
     meta = yaml.safe_load((src / "tiny_cpu_grid.restart.yaml").read_text())
+    committed = meta.pop("constraints")  # the committed table carries its space's constraint
     (tmp_path / "g.restart.yaml").write_text(yaml.safe_dump(meta))
     plain = replay_space(ReplayTarget(tmp_path / "g.csv"))
     assert plain.constraints == []
     meta["constraints"] = ["mhc_operand == 'cast_from_fp32' or (mhc_gemm@window == 'bf16' and "
                            "mhc_gemm@c4 == 'bf16' and mhc_gemm@c128 == 'bf16')"]
+    assert committed == meta["constraints"]
     (tmp_path / "g.restart.yaml").write_text(yaml.safe_dump(meta))
     space = replay_space(ReplayTarget(tmp_path / "g.csv"))
     assert [str(c) for c in space.constraints] == meta["constraints"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dsv4 import ref_ops
-from dsv4.triton_attention import sparse_mqa_decode
+from dsv4.triton_attention import sparse_mqa_decode, sparse_mqa_decode_op
 from dsv4.triton_indexer import fp8_supported, indexer_scores
 from dsv4.triton_mhc import mhc_post_pre_fused, mhc_post_pre_ref, mhc_prenorm
 from dsv4.triton_moe import moe_grouped
@@ -90,6 +90,20 @@ def test_attention_reads_a_slice_of_a_longer_cache(mode):
     out = sparse_mqa_decode(q, kv, idx, sink, 0.2, mode=mode, block_kv=16)
     assert rel_err(out, ref_ops.sparse_mqa_decode_ref(q, kv, idx, sink, 0.2)) < 1e-5
 
+
+
+@pytest.mark.parametrize("mode", ["per_head", "mma"])
+def test_attention_op_is_opaque_under_torch_compile(mode):
+    """The kernel as the operator dsv4::sparse_mqa_decode traces whole (fullgraph: no graph break)
+    under torch.compile and gives the kernel's answer; aot_eager runs the op's fake shape function
+    and then the real op (Inductor would do the same with it instead of re-tracing the kernel)."""
+    q, kv, idx, sink = attn_inputs(2, 4, 16, 40, 12, torch.float32)
+
+    def step(q, kv, idx, sink):
+        return sparse_mqa_decode_op(q, kv, idx, sink, 0.25, mode, 16, 4, 4, 2, 2) * 2.0
+
+    out = torch.compile(step, backend="aot_eager", fullgraph=True)(q, kv, idx, sink)
+    assert rel_err(out, 2.0 * ref_ops.sparse_mqa_decode_ref(q, kv, idx, sink, 0.25)) < 1e-5
 
 def test_attention_rejects_bad_inputs():
     q, kv, idx, sink = attn_inputs(1, 4, 32, 10, 8, torch.float32)

@@ -16,7 +16,7 @@ import numpy as np
 
 from autoopt.agent.view import SpaceView
 
-PRIOR_SD = 1.5  # weights: most features matter little, a few a lot
+PRIOR_SD = 4.0  # weights: loose, so a few failures of one value or pair make it a near-certain failure
 MAX_ODDS = 0.995
 NUMERIC_SD = 3.0  # log2-size weights: a resource limit is a steep boundary, let it be one
 

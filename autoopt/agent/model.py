@@ -6,7 +6,8 @@ misses, with a kernel made for knobs. Per parameter p, a correlation c_p(v, v') 
 pinned to 0 at the baseline value (the baseline is the reference every effect is measured from):
   - categorical knobs: 1 when the values are equal (and not the baseline), else 0;
   - numeric knobs with 3+ values (tile sizes, stages, warps): a squared-exponential in the value's
-    rank (neighbouring sizes behave alike), conditioned on c(base, .) = 0.
+    rank (neighbouring sizes behave alike), conditioned on c(base, .) = 0, and 0 between values on
+    opposite sides of the baseline (what a smaller tile does says nothing about a bigger one).
 Then
     k(x, x') = s_c^2                                    a shared offset (the baseline's own noise)
              + sum_p w_p c_p(x_p, x'_p)                  main effects (w_p: per-value variance)
@@ -57,7 +58,11 @@ def value_correlations(view: SpaceView) -> np.ndarray:
         if numeric:
             rank = np.argsort(np.argsort(np.array(p.choices, dtype=float))).astype(float)
             r = np.exp(-0.5 * ((rank[:, None] - rank[None, :]) / ORDINAL_LENGTH) ** 2)
-            C[i, :n, :n] = r - np.outer(r[:, b], r[b, :])
+            # conditioned on the baseline, and no correlation across it: conditioning alone makes the
+            # two sides anti-correlated (a smaller tile that loses would predict a bigger one wins),
+            # while tile optima usually sit between two losing sides
+            side = np.sign(rank - rank[b])
+            C[i, :n, :n] = (r - np.outer(r[:, b], r[b, :])) * (side[:, None] == side[None, :])
         else:
             C[i, :n, :n] = np.eye(n)
         C[i, b, :] = 0.0

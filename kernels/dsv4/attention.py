@@ -80,17 +80,19 @@ def sparse_mqa(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch
         raise ValueError(f"attention {mode!r}: expected per_head or mma")
     if q.device.type == "cuda":
         try:
-            from dsv4.triton_attention import sparse_mqa_decode
+            from dsv4.triton_attention import sparse_mqa_decode, sparse_mqa_decode_op
         except ImportError as exc:
             raise RuntimeError(f"attention={mode} on CUDA needs dsv4.triton_attention."
                                f"sparse_mqa_decode, which could not be imported: {exc}") from exc
         tiles = {k: knobs[k] for k in TILE_KNOBS}
-        o = sparse_mqa_decode(q, kv, idx, sink, scale, mode=mode, block_kv=tiles["attn_block_kv"],
-                              heads_per_tile=tiles["attn_heads_per_tile"],
-                              num_warps=tiles["attn_num_warps"],
-                              num_stages=tiles["attn_num_stages"], split_k=tiles["attn_split_k"])
+        args = (q, kv, idx, sink, float(scale), mode, tiles["attn_block_kv"], tiles["attn_heads_per_tile"],
+                tiles["attn_num_warps"], tiles["attn_num_stages"], tiles["attn_split_k"])
         tile_txt = " ".join(f"{k.removeprefix('attn_')}={v}" for k, v in tiles.items())
-        return o, f"triton {mode} {str(q.dtype).removeprefix('torch.')} ({tile_txt})"
+        ran = f"triton {mode} {str(q.dtype).removeprefix('torch.')} ({tile_txt})"
+        if torch.compiler.is_compiling():  # opaque to Inductor: the kernel runs as built
+            return sparse_mqa_decode_op(*args), ran + ", as the opaque op dsv4::sparse_mqa_decode"
+        return sparse_mqa_decode(*args[:5], mode=mode, block_kv=args[6], heads_per_tile=args[7],
+                                 num_warps=args[8], num_stages=args[9], split_k=args[10]), ran
     if mode == "per_head":
         o = sparse_mqa_per_head_torch(q, kv, idx, sink, scale)
         return o, "torch per_head fp32-accum bf16 (cpu; tile knobs n/a on cpu)"

@@ -1,8 +1,10 @@
 """The "glue" of the decode step: mHC epilogues, Sinkhorn and the sublayer norms. Elementwise chains
 and small reductions, thousands of tiny kernels per step in eager mode (the case study's 69 %).
 
-The `glue` knob picks eager functions or the same functions through torch.compile (inductor). The
-GEMMs around them stay outside the compiled regions on purpose: the mhc_gemm / mhc_operand /
+The `glue` knob picks eager functions, the same functions through torch.compile (inductor), or
+hand-written Triton kernels (dsv4.triton_glue, CUDA only): one kernel per epilogue call where eager
+mode launches dozens (the 20-iteration Sinkhorn alone is ~120 per mHC pre). The GEMMs around them
+stay outside the compiled regions and the Triton kernels on purpose: the mhc_gemm / mhc_operand /
 hc_fn_weight knobs must keep meaning what they say (inductor would otherwise fuse the cast into the
 matmul and the operand knob would silently stop mattering).
 
@@ -12,7 +14,9 @@ Compiled regions (each called with one fixed shape per session, so each compiles
   head_epilogue      final collapse of the streams + final RMSNorm
   mhc_pre_scaled / head_scaled   the same two without the RMS statistic, for mixes that a Triton
                      pre-norm kernel (mhc_kernel=triton_splitk, mhc_fuse_post_pre=on) already scaled
-The q / kv / compressor norms inside attention stay eager in both modes (said in what_ran).
+glue=triton replaces the same five regions, each by one kernel: mhc_pre_mix_kernel (both pre
+variants: RAW_MIXES takes the RMS statistic in the kernel), mhc_post_kernel, mhc_head_mix_kernel.
+The q / kv / compressor norms inside attention stay eager in every mode (said in what_ran).
 """
 from __future__ import annotations
 
@@ -27,6 +31,10 @@ NORM_EPS = 1e-6
 HC_EPS = 1e-6
 COMPILED_REGIONS = ("mhc pre epilogue (rms, sigmoids, sinkhorn, collapse, sublayer rmsnorm), mhc post,"
                     " hc_head")
+TRITON_REGIONS = ("one kernel per mHC pre epilogue (mhc_pre_mix_kernel: rms when unscaled, sigmoids, "
+                  "sinkhorn, collapse, sublayer rmsnorm), per mhc post (mhc_post_kernel), per hc_head "
+                  "(mhc_head_mix_kernel)")
+MODES = ("eager", "compile", "triton")
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -96,7 +104,7 @@ def _head_epilogue(x_flat: torch.Tensor, mixes_raw: torch.Tensor, scale: torch.T
 
 @dataclass(frozen=True)
 class Glue:
-    mode: str  # "eager" | "compile"
+    mode: str  # one of MODES
     mhc_pre_epilogue: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     mhc_post: Callable[..., torch.Tensor]
     head_epilogue: Callable[..., torch.Tensor]
@@ -107,6 +115,8 @@ class Glue:
     def describe(self) -> str:
         if self.mode == "eager":
             return "eager"
+        if self.mode == "triton":
+            return f"triton (dsv4.triton_glue): {TRITON_REGIONS}; q/kv norms eager"
         return f"torch.compile (inductor, fullgraph): {COMPILED_REGIONS}; q/kv norms eager"
 
 
@@ -140,4 +150,33 @@ def make_glue(cfg: DecodeConfig, mode: str) -> Glue:
             return torch.compile(fn, fullgraph=True, dynamic=False)
         return Glue("compile", comp(pre), comp(_mhc_post), comp(head), comp(pre_scaled),
                     comp(head_scaled))
-    raise ValueError(f"glue mode {mode!r}: expected 'eager' or 'compile'")
+    if mode == "triton":
+        return _triton_glue(hc, iters)
+    raise ValueError(f"glue mode {mode!r}: expected one of {MODES}")
+
+
+def _triton_glue(hc: int, iters: int) -> Glue:
+    # imported here: the eager and compile paths (and a CPU without Triton) never need triton
+    from dsv4 import triton_glue as tg
+
+    if hc != tg.HC_MULT:
+        raise ValueError(f"glue=triton: hc_mult {hc}; the Triton glue kernels are written for "
+                         f"{tg.HC_MULT} streams")
+
+    def pre(x_flat, mixes_raw, scale, base, norm_w):
+        return tg.mhc_pre_mix(x_flat, mixes_raw, scale, base, norm_w, hc, iters, raw_mixes=True)
+
+    def post(out, R, post_w, comb):
+        # the sublayer output's layout is not the glue's to assume; a no-op when already dense
+        return tg.mhc_post(out.contiguous(), R, post_w.contiguous(), comb.contiguous())
+
+    def head(x_flat, mixes_raw, scale, base, norm_w):
+        return tg.mhc_head_mix(x_flat, mixes_raw, scale, base, norm_w, hc, raw_mixes=True)
+
+    def pre_scaled(src, mixes, scale, base, norm_w):
+        return tg.mhc_pre_mix(src, mixes, scale, base, norm_w, hc, iters)
+
+    def head_scaled(src, mixes, scale, base, norm_w):
+        return tg.mhc_head_mix(src, mixes, scale, base, norm_w, hc)
+
+    return Glue("triton", pre, post, head, pre_scaled, head_scaled)

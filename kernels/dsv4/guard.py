@@ -33,11 +33,14 @@ Every activation of this model is bf16, so ANY kernel change that reorders a bf1
 (a grouped GEMM instead of per-expert GEMMs, another attention tiling) moves bf16 roundings and the
 model amplifies that to ~1.5 % median: only the reference's own kernels are "fp32"-exact.
 The Triton variants (indexer_kernel=triton_fused, mhc_kernel=triton_splitk, mhc_fuse_post_pre=on,
-moe_experts=triton_grouped) are kernel changes, so class "bf16" (or "fp8" with indexer_gemm=fp8). On
-`tiny` through Triton's CPU interpreter (tests/test_dsv4_triton_variants.py): the fp32 fused indexer
+moe_experts=triton_grouped, glue=triton) are kernel changes, so class "bf16" (or "fp8" with
+indexer_gemm=fp8). On `tiny` through Triton's CPU interpreter (tests/test_dsv4_triton_variants.py,
+tests/test_triton_glue.py): the fp32 fused indexer
 (any indexer_gemm: e4m3 code products are exact in fp32) and the fp32 split-K mHC GEMM match the
 reference exactly (e = 0); the fused hc_post + hc_pre (fp32 math, different rounding order into the
-bf16 residual) and the Triton MoE (bf16 routed sum) 0.01-0.03 per step, like the other bf16 changes.
+bf16 residual) and the Triton MoE (bf16 routed sum) 0.01-0.03 per step, like the other bf16 changes;
+the Triton glue 0 at most steps (it rounds like the eager glue), 0.005 batch-wide after a rare
+last-bit flip of a fp32 sum order (batch 2, step 3).
 Tolerances (median e, token agreement), 2-3x margin over the worst measurement of the class; the
 agreement bar is low because with random weights and a 129k vocab the top-2 logits are often
 within bf16 noise (it flags garbage, the median error flags bugs):

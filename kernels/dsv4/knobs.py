@@ -98,9 +98,11 @@ KNOBS: tuple[Knob, ...] = (
          help="fuse hc_post of a sublayer with the next hc_pre's GEMM + RMS (one Triton pass writes "
               "R_new and never reads it back); a layer's value decides its two hc_posts, the "
               "model's last hc_post (before hc_head) stays unfused"),
-    Knob("glue", ("eager", "compile"), "eager", "recompile", ("global",),
-         ("elementwise", "reduce", "norm", "copy_cast"),
-         help="mHC, Sinkhorn and norms: eager PyTorch, or torch.compile'd"),
+    Knob("glue", ("eager", "compile", "triton"), "eager", "recompile", ("global",),
+         ("elementwise", "reduce", "norm", "copy_cast"), {"triton": "cuda"},
+         help="mHC epilogues (sigmoids, Sinkhorn, stream collapse, sublayer RMSNorm; hc_post; "
+              "hc_head): eager PyTorch (dozens of tiny kernels per call), torch.compile'd, or one "
+              "Triton kernel per call (dsv4.triton_glue); q/kv norms stay eager"),
     Knob("cuda_graphs", ("off", "on"), "off", "rebuild", ("global",),
          ("other",), {"on": "cuda"},
          help="capture the whole decode step in a CUDA graph and replay it"),

@@ -12,8 +12,8 @@ whole step is captured into a torch.cuda.CUDAGraph and replayed. TF32 is switche
 case study; what_ran records it.
 
 Triton variants (attention tiles, indexer_kernel, mhc_kernel, mhc_fuse_post_pre,
-moe_experts=triton_grouped) are CUDA only; the first configuration that launches a kernel
-specialisation runs one warm-up step to JIT it (reconfigure returns "recompile"), then resets.
+moe_experts=triton_grouped, glue=triton) are CUDA only; the first configuration that launches a
+kernel specialisation runs one warm-up step to JIT it (reconfigure returns "recompile"), then resets.
 
 Test hook: DSV4_TEST_BREAK=<op>[,<op>] (attention | indexer | mhc | moe), read when a session is
 built, perturbs that op's output so the correctness guard must answer "wrong". what_ran says so.
@@ -163,8 +163,8 @@ class DecodeSession:
     def _jit_keys(self) -> set:
         """The JIT-compiled artefacts the current configuration needs."""
         keys: set = set()
-        if self.config.glue == "compile":
-            keys.add(("glue", "compile"))
+        if self.config.glue != "eager":  # torch.compile, or the Triton glue kernels' JIT
+            keys.add(("glue", self.config.glue))
         if self.device.type == "cuda":
             plans = self.state.plans
             for i, plan in enumerate(plans):  # the constexprs each Triton specialisation keys on

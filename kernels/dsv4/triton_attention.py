@@ -223,6 +223,25 @@ def sparse_mqa_decode(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink
     return out
 
 
+
+@torch.library.custom_op("dsv4::sparse_mqa_decode", mutates_args=())
+def sparse_mqa_decode_op(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor,
+                         scale: float, mode: str, block_kv: int, heads_per_tile: int, num_warps: int,
+                         num_stages: int, split_k: int) -> torch.Tensor:
+    """`sparse_mqa_decode` as one opaque operator, for code under torch.compile: Inductor then calls
+    the kernel as built instead of re-tracing its Triton source (which it re-types and re-compiles,
+    and may reject: the reason torch.compile of the starting point once failed on the H200)."""
+    return sparse_mqa_decode(q, kv, idx, sink, scale, mode=mode, block_kv=block_kv,
+                             heads_per_tile=heads_per_tile, num_warps=num_warps,
+                             num_stages=num_stages, split_k=split_k)
+
+
+@sparse_mqa_decode_op.register_fake
+def _sparse_mqa_decode_fake(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor,
+                            scale: float, mode: str, block_kv: int, heads_per_tile: int,
+                            num_warps: int, num_stages: int, split_k: int) -> torch.Tensor:
+    return torch.empty_like(q)  # [B, H, D] in q.dtype, like the kernel's output
+
 def _check_kv(kv: torch.Tensor, q: torch.Tensor) -> None:
     if kv.dim() != 3:
         raise ValueError(f"kv: expected 3 dims, got shape {tuple(kv.shape)}")
