@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _meta import machine_meta, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-SYNTHETIC = sorted((HERE.parent / "tests" / "fixtures" / "replay").glob("*.csv"))
+SYNTHETIC = sorted(p for p in (HERE.parent / "tests" / "fixtures" / "replay").iterdir()
+                   if p.suffix in (".csv", ".json"))  # the Kernel Tuner cache too
 
 
 def targets(summary: dict, budgets: dict) -> dict:

@@ -149,6 +149,10 @@ def test_diagnosis_names_the_casts_that_ate_the_gain():
     assert diag.parent == 0 and diag.predicted_gain == 0.08 and abs(diag.actual_gain) < 0.05
     assert "predicted +8.0% ± 3.0%" in diag.line and "casts ate" in diag.line
     assert "copy_cast +46.0 ms" in diag.line and "worse than expected" in diag.line
+    assert "host-bound" not in diag.line  # the replay's profiles cover the whole step
+    parent.measurement.bucket_coverage, child.measurement.bucket_coverage = 0.08, 0.09
+    assert "host-bound: the profiled work covers 8% -> 9% of the step's wall time" in \
+        diagnose_trial(child, parent).line
     failed = TrialOutcome(2, flip, Measurement.failed({}, "crash", "segfault"), None, None, 1.0, 0.0,
                           Decision(flip, "neighbour", "x", expected_gain=0.01))
     assert diagnose_trial(failed, parent).line.startswith("failed (crash: segfault)")

@@ -16,6 +16,13 @@ other trials, not guessed from pairs). Priors per (parameter value, bucket):
 Predicted step time of a configuration (Amdahl, bucket by bucket), relative to a reference profile r
 (the incumbent's, for profile-guided moves; the baseline's for the model's mean):
     T(x) = sum_b max(0, r_b + sum_p d[p, x_p, b] - d[p, r_p, b])
+The buckets are what the profile saw running (GPU kernels, or CPU ops), and that is only part of the
+wall time when the step is host-bound: an eager GPU decode step keeps the GPU busy 8 % of its wall on
+the H200, so kernel time saved there does not reach tok/s. The relative change of T is therefore
+scaled by the reference's coverage k (busy / wall, 1 when unknown):
+    wall(x) / wall(r) = 1 - k (1 - T(x) / T(r))
+a linear middle between host-bound (k -> 0: kernel savings are invisible) and GPU-bound (k = 1:
+Amdahl as is).
 """
 from __future__ import annotations
 
@@ -40,16 +47,22 @@ class BucketModel:
         self._V = int(view.n_choices.max(initial=1))
         self._d: np.ndarray | None = None  # [P, V, B]
         self._seen = np.zeros((len(view.params), self._V), dtype=bool)
+        self.base_coverage = 1.0
+        self._coverage: dict[tuple[int, ...], float] = {}  # latest coverage of each profiled config
 
     # ---- learning --------------------------------------------------------------------------------
-    def add(self, code: np.ndarray, buckets_ms: dict[str, float], is_baseline: bool = False) -> None:
+    def add(self, code: np.ndarray, buckets_ms: dict[str, float], is_baseline: bool = False,
+            coverage: float | None = None) -> None:
         if not buckets_ms:
             return
         for b in sorted(buckets_ms):
             if b not in self.buckets:
                 self.buckets.append(b)
+        cov = _coverage(coverage)
+        self._coverage[tuple(int(c) for c in code)] = cov
         if is_baseline or self.base_ms is None:
             self.base_ms = np.array([float(buckets_ms.get(b, 0.0)) for b in self.buckets])
+            self.base_coverage = cov
         self.codes.append(code.copy())
         self.rows.append({b: float(v) for b, v in buckets_ms.items()})
         self._seen[np.arange(len(code)), code] = True
@@ -124,7 +137,7 @@ class BucketModel:
             return np.zeros(len(codes))
         base = np.array([self.base_ms[j] if j < len(self.base_ms) else 0.0 for j in range(len(self.buckets))])
         t = self.step_ms(codes, self.view.base_code, base)
-        return np.log(base.sum()) - np.log(np.maximum(t, 1e-3 * base.sum()))
+        return -np.log(_wall_ratio(t / max(base.sum(), 1e-9), self.base_coverage))
 
     def amdahl(self, ref_code: np.ndarray, ref_ms: dict[str, float], p: int, v: int) -> tuple[float, str]:
         """Expected relative gain of switching parameter p to v from the profiled reference, and the
@@ -140,7 +153,7 @@ class BucketModel:
             return 0.0, ""
         saved = r - after
         top = self.buckets[int(np.argmax(saved))] if saved.max() > 0 else ""
-        return total / new_total - 1.0, top
+        return 1.0 / float(_wall_ratio(new_total / total, self.coverage_of(ref_code))) - 1.0, top
 
     def explain(self, ref_code: np.ndarray, ref_ms: dict[str, float], code: np.ndarray) -> tuple[float, str]:
         """Predicted relative gain of moving from the profiled reference to `code` (any number of
@@ -155,7 +168,12 @@ class BucketModel:
         if r.sum() <= 0 or after.sum() <= 0:
             return 0.0, ""
         saved = r - after
-        return r.sum() / after.sum() - 1.0, (self.buckets[int(np.argmax(saved))] if saved.max() > 0 else "")
+        gain = 1.0 / float(_wall_ratio(after.sum() / r.sum(), self.coverage_of(ref_code))) - 1.0
+        return gain, (self.buckets[int(np.argmax(saved))] if saved.max() > 0 else "")
+
+    def coverage_of(self, code: np.ndarray) -> float:
+        """The profiled coverage (busy / wall) of a configuration, the baseline's when not profiled."""
+        return self._coverage.get(tuple(int(c) for c in code), self.base_coverage)
 
     def speedup_text(self, p: int, v: int) -> str:
         """'attention x2.4' : the learned speed-up of p=v on the bucket it changes most."""
@@ -167,6 +185,18 @@ class BucketModel:
         if b0 <= 0 or b0 + d[j] <= 0:
             return f"{self.buckets[j]} {d[j]:+.0f} ms"
         return f"{self.buckets[j]} x{b0 / (b0 + d[j]):.2f}"
+
+
+def _coverage(coverage: float | None) -> float:
+    """A profile's coverage as a usable factor: unknown -> 1 (Amdahl as is), floored at 0.05."""
+    if coverage is None or not np.isfinite(coverage) or coverage <= 0:
+        return 1.0
+    return float(min(1.0, max(0.05, coverage)))
+
+
+def _wall_ratio(bucket_ratio: Any, coverage: float) -> Any:
+    """wall(x) / wall(ref) from T(x) / T(ref) and the reference's coverage (module docstring)."""
+    return np.maximum(1.0 - coverage * (1.0 - np.asarray(bucket_ratio, dtype=float)), 1e-3)
 
 
 def bucket_share_text(ms: dict[str, Any], top: int = 3) -> str:

@@ -49,6 +49,8 @@ def diagnose_trial(outcome: Any, parent: Any | None) -> TrialDiagnosis:
     if actual is not None and pred is not None and pred_sd:
         surprise = (actual - pred) / pred_sd
     buckets_line = _bucket_line(parent, outcome)
+    if buckets_line:
+        buckets_line += _host_bound_note(parent, outcome)
     parts = []
     if pred is not None:
         parts.append(f"predicted {_pct(pred, pred_sd)}")
@@ -75,6 +77,20 @@ def _bucket_line(parent: Any | None, outcome: Any) -> str | None:
     except ImportError:  # the diagnose module is optional to the agent; say what moved most
         return _fallback_line(a, b)
     return compare(a, b, ta, tb).verdict
+
+
+HOST_BOUND_COVERAGE = 0.5
+
+
+def _host_bound_note(parent: Any, outcome: Any) -> str:
+    """When both profiles explain less than half of the step's wall time (an eager GPU step is
+    launch-bound: the H200 ran kernels 8 % of the start's wall), bucket savings barely reach tok/s:
+    say so, or the line reads as if the kernels decided the result."""
+    a, b = parent.measurement.bucket_coverage, outcome.measurement.bucket_coverage
+    if a is None or b is None or max(a, b) >= HOST_BOUND_COVERAGE:
+        return ""
+    return (f"; host-bound: the profiled work covers {100 * a:.0f}% -> {100 * b:.0f}% of the step's "
+            f"wall time, so kernel time saved barely reaches tok/s")
 
 
 def _step_ms(outcome: Any, buckets: dict[str, float]) -> float | None:

@@ -161,7 +161,8 @@ class AgentStrategy:
         self._rows.append((code, y, measurement_sd(t.objective, t.objective_ci)))
         self._trials.append((code, y))
         self._latest[key] = t
-        self.buckets.add(code, t.measurement.buckets_ms or {}, is_baseline=self.best_key is None)
+        self.buckets.add(code, t.measurement.buckets_ms or {}, is_baseline=self.best_key is None,
+                         coverage=t.measurement.bucket_coverage)
         self._built = code
         if self.best_key is None:
             self.best_key = key
