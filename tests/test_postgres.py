@@ -67,12 +67,14 @@ def test_run_resume_and_read_back_on_postgresql(server):
     assert json.loads(show.stdout)["trial"]["number"] == number
 
 
-def test_two_runs_on_one_study_of_a_fresh_postgresql_database(server, tmp_path):
-    """Both start before the schema exists: the migration's advisory lock lets one create it, and
-    the two runs' trials share one numbering."""
+def test_four_runs_at_once_on_a_fresh_postgresql_database(server, tmp_path):
+    """All four start before any table exists, two on each of two studies: the setup lock lets one
+    process create Optuna's tables and autoopt's, the environment row is inserted once, and each
+    study's trials share one numbering. (Without the setup lock and the ON CONFLICT insert, about
+    half of such processes failed on CREATE TYPE or on the environment's unique key.)"""
     url = server.new_database()
-    logs = [tmp_path / f"run{i}.log" for i in range(2)]
-    procs = [start_autoopt("run", "--target", TARGET, "--db", url, "--study", "same", "--budget", "2h",
+    logs = [tmp_path / f"run{i}.log" for i in range(4)]
+    procs = [start_autoopt("run", "--target", TARGET, "--db", url, "--study", f"s{i % 2}", "--budget", "2h",
                            "--max-trials", "3", "--no-confirm", "--strategy", "random", "--seed", str(i),
                            "--plain", log=log) for i, log in enumerate(logs)]
     codes = []
@@ -84,11 +86,12 @@ def test_two_runs_on_one_study_of_a_fresh_postgresql_database(server, tmp_path):
                 p.kill()
                 p.wait()
     text = "\n---\n".join(log.read_text()[-2000:] for log in logs)
-    assert codes == [0, 0], text
-    rows = _store_trials(url, "same")
-    assert sorted(r.number for r in rows) == list(range(6)), text
-    assert len({r.run_id for r in rows}) == 2
-    assert [r.state for r in _store_runs(url, "same")] == ["finished", "finished"]
+    assert codes == [0, 0, 0, 0], text
+    for study in ("s0", "s1"):
+        rows = _store_trials(url, study)
+        assert sorted(r.number for r in rows) == list(range(6)), text
+        assert len({r.run_id for r in rows}) == 2
+        assert [r.state for r in _store_runs(url, study)] == ["finished", "finished"]
 
 
 def test_unreachable_postgresql_is_one_clear_line(server):

@@ -33,6 +33,9 @@ VERSION_TABLE = "autoopt_alembic_version"
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 DEFAULT_BUSY_TIMEOUT_S = 60.0
 _PG_MIGRATION_LOCK_KEY = 0x6175746F6F7074  # "autoopt": pg_advisory_xact_lock key for migrations
+# first-time setup (migrations AND Optuna's table creation), held on a connection of its own; a key
+# apart from the migrations' so the migration inside it does not wait on its own process
+_PG_SETUP_LOCK_KEY = 0x6175746F6F7075
 
 
 def display_url(url: str | URL) -> str:
@@ -148,9 +151,14 @@ def guarded_write(engine: Engine, url: str, what: str) -> Iterator[Connection]:
 
 @contextlib.contextmanager
 def setup_lock(url: str, timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> Iterator[None]:
-    """Serialise first-time setup (our migrations, Optuna's table creation) of one SQLite file
-    across processes with an flock on '<file>-lock'. Other back-ends: no-op (PostgreSQL migrations
-    take an advisory lock instead)."""
+    """Serialise first-time setup (our migrations, Optuna's table creation) of one database across
+    processes: SQLite with an flock on '<file>-lock'; PostgreSQL with a session advisory lock (two
+    processes creating Optuna's tables at once otherwise clash on CREATE TYPE: found by
+    tests/test_postgres.py). Other back-ends: no lock."""
+    if make_url(url).get_backend_name() == "postgresql":
+        with _pg_setup_lock(url, timeout_s):
+            yield
+        return
     path = sqlite_path(url)
     if path is None or fcntl is None:
         yield
@@ -178,6 +186,32 @@ def setup_lock(url: str, timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> Iterator[
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _pg_setup_lock(url: str, timeout_s: float) -> Iterator[None]:
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 10})
+    try:
+        with engine.connect() as conn:
+            deadline = time.monotonic() + timeout_s
+            while not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _PG_SETUP_LOCK_KEY}).scalar():
+                conn.rollback()
+                if time.monotonic() > deadline:
+                    raise StoreError(f"database {display_url(url)}: another process has been setting it "
+                                     f"up for more than {timeout_s:.0f} s")
+                time.sleep(0.05)
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_SETUP_LOCK_KEY})
+                conn.commit()
+    except DatabaseError as exc:
+        raise StoreError(f"database {display_url(url)} cannot be set up: {_first_line(exc)}") from None
+    finally:
+        engine.dispose()
 
 
 def check_reachable(url: str, *, create: bool, is_default: bool) -> None:

@@ -298,8 +298,17 @@ class Store(StoreQueries):
         found = conn.execute(select(Environment.id).where(Environment.sha256 == sha)).scalar()
         if found is not None:
             return int(found)
-        return int(conn.execute(Environment.__table__.insert().values(
-            sha256=sha, fingerprint=fingerprint, first_seen_at=utcnow())).inserted_primary_key[0])
+        values = dict(sha256=sha, fingerprint=fingerprint, first_seen_at=utcnow())
+        if conn.dialect.name == "postgresql":
+            # another process may insert the same environment between the select and the insert
+            # (SQLite's BEGIN IMMEDIATE rules that out; PostgreSQL's read committed does not: two
+            # runs starting together clashed on the unique sha256 in tests/test_postgres.py)
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            conn.execute(pg_insert(Environment.__table__).values(**values)
+                         .on_conflict_do_nothing(index_elements=["sha256"]))
+            return int(conn.execute(select(Environment.id).where(Environment.sha256 == sha)).scalar_one())
+        return int(conn.execute(Environment.__table__.insert().values(**values)).inserted_primary_key[0])
 
     def _objective_ci(self, run_id: int | None, m: Measurement, objective: float | None,
                       extra: dict[str, Any]) -> tuple[str | None, tuple[float, float] | None]:
