@@ -54,6 +54,9 @@ SINGLE_CHANGES: list[tuple[str, dict[str, Any]]] = [
     ("glue=triton", {"glue": "triton"}),
     ("hand-tuned + glue=compile + cuda_graphs", {**FAST, "glue": "compile", "cuda_graphs": "on"}),
     ("hand-tuned + glue=triton + cuda_graphs", {**FAST, "glue": "triton", "cuda_graphs": "on"}),
+    # the copy_cast target's like-for-like pair: the tuned step with the fp32 mHC path instead
+    ("hand-tuned + glue=triton + cuda_graphs + mhc_gemm=fp32", {**FAST, "glue": "triton", "cuda_graphs": "on",
+                                                              "mhc_gemm": "fp32"}),
 ]
 
 
@@ -188,6 +191,10 @@ def main() -> None:
     todo = SINGLE_CHANGES
     if args.only is not None:
         wanted = set(filter(None, args.only.split(",")))
+        unknown = wanted - {lbl for lbl, _ in SINGLE_CHANGES}
+        if unknown:  # a typo would silently measure nothing in a call of scarce device time
+            sys.exit(f"h200_decode.py: --only: unknown label(s) {sorted(unknown)}; known: "
+                     f"{[lbl for lbl, _ in SINGLE_CHANGES]}")
         todo = [(lbl, k) for lbl, k in SINGLE_CHANGES if lbl in wanted]
     if args.best:
         from autoopt.config_file import load_config_file

@@ -9,6 +9,10 @@
 #   tuned    the hand-tuned rows (ROWS: comma-separated labels of h200_decode.py), with the traces
 #   search   autoopt run --budget $BUDGET on dsv4_flash_decode, resuming the study in $DB if given
 #   table    h200_decode.py over ONLY_FAST plus the exported best (config.yaml from `search`)
+#   twins    the copy_cast pairs: bf16 mHC + view + cached hc_fn vs start (eager), and the tuned step
+#            with bf16 vs fp32 mHC (glue=triton + CUDA graphs)
+# torch.compile(max-autotune) of the start needs more than 310 s at C=16 on the H200: give it a call
+# of its own (COMPILE_S=560 bash benchmarks/h200_session.sh compile).
 # Needs: optuna/sqlalchemy/alembic/colorlog/Mako wheels in .whl/ (the H200 image has no registry access).
 set -uo pipefail
 OUT=${OUT:-/tmp/autoopt-out}; mkdir -p "$OUT"
@@ -43,7 +47,12 @@ for stage in "$@"; do
     timeout ${DECODE_S:-400} python3 benchmarks/h200_decode.py --no-compile --only "${ONLY-$ONLY_FAST}" "${best[@]}" \
         --samples 10 --out "$OUT/h200_decode.json" 2>&1 | tee "$OUT/decode.log" | tail -30
     ;;
-  *) echo "unknown stage $stage (tests, compile, tuned, search, table)"; exit 2 ;;
+  twins)
+    timeout ${TWINS_S:-240} python3 benchmarks/h200_decode.py --no-compile --samples 10 \
+        --only "start,mhc bf16 + view + hc_fn cached,hand-tuned + glue=triton + cuda_graphs,hand-tuned + glue=triton + cuda_graphs + mhc_gemm=fp32" \
+        --out "$OUT/h200_decode_twins.json" 2>&1 | tee "$OUT/twins.log" | tail -10
+    ;;
+  *) echo "unknown stage $stage (tests, compile, tuned, search, table, twins)"; exit 2 ;;
   esac
 done
 ls -la "$OUT"
