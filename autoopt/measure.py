@@ -2,7 +2,12 @@
 then an optional profile. Returns a Measurement document (autoopt.results).
 
 Timing: warm-up steps are discarded (the first after a build/recompile is JIT and counted as compile
-cost); then each timed step is bracketed by CUDA events on a GPU (synchronized per step, so samples are
+cost), at least `warmup_steps` of them and for at least `warmup_min_s` (default 0.5 s): clocks ramp
+up from idle (nvidia-smi shows the H200's SM clock at 345 MHz between calls; one trace of a fresh
+CPU worker here ran its first 0.3 s of tiny steps at 30 ms against 17 ms after, so three warm-up
+steps could time the ramp). It does not remove this 2-core VM's own scatter: back-to-back fresh
+workers still read 120-260 tok/s for one config. The session is then reset, so every config is
+timed from the same KV-cache length. Then each timed step is bracketed by CUDA events on a GPU (synchronized per step, so samples are
 independent) or by time.perf_counter on a CPU. Sampling stops once the 95% CI of the median step time
 is within `target_rel_ci`, at `max_samples`, when the time budget is spent, or early when the config
 is a clear loser against `abort_below` (its CI top is under the incumbent's figure).
@@ -19,6 +24,7 @@ from typing import Any, Callable
 from autoopt.results import Measurement, throughput_from_step_times
 
 COST_KEYS = ("restart", "build", "compile", "warmup", "measure", "guard", "profile", "total")
+WARMUP_MIN_S = 0.5  # seconds of warm-up at least (module docstring: clocks ramp up from idle)
 
 
 # ---------------------------------------------------------------- device primitives
@@ -191,6 +197,7 @@ def measure_request(state: Any, req: dict[str, Any]) -> dict[str, Any]:
     min_samples = int(req.get("min_samples", 10))
     max_samples = int(req.get("max_samples", 40))
     warmup_steps = max(int(req.get("warmup_steps", 3)), 1)
+    warmup_min_s = max(float(req.get("warmup_min_s", WARMUP_MIN_S)), 0.0)
     budget_s = float(req.get("time_limit_s", 300.0)) * 0.5 / len(concurrency)
     abort_below = {str(k): float(v) for k, v in (req.get("abort_below") or {}).items()}
     costs = dict.fromkeys(COST_KEYS, 0.0)
@@ -235,9 +242,15 @@ def measure_request(state: Any, req: dict[str, Any]) -> dict[str, Any]:
         first_s = time.perf_counter() - t0
         costs["warmup" if how == "none" else "compile"] += first_s  # first step after a change: JIT
         t0 = time.perf_counter()
-        for _ in range(warmup_steps - 1):
+        n = 1
+        while n < warmup_steps or time.perf_counter() - t0 < warmup_min_s:
+            _reset_if_full(sess, device)
             sess.step()
+            n += 1
+            if n % 8 == 0:
+                synchronize(device)  # so the clock above counts GPU work, not queued launches
         synchronize(device)
+        sess.reset()
         costs["warmup"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         samples, why = time_steps(sess.step, device, min_samples=min_samples, max_samples=max_samples,

@@ -48,6 +48,24 @@ def test_clear_loser_is_aborted_after_min_samples():
     assert why == "clear_loser" and len(samples) == 6
 
 
+def test_warm_up_lasts_its_minimum_time_before_timing():
+    """Clocks ramp up from idle (an H200 idles at 345 MHz): the warm-up runs at least
+    `warmup_min_s` whatever its step count, and 0 leaves only the steps."""
+    from autoopt.measure import measure_request
+    from autoopt.worker import WorkerState
+
+    state = WorkerState("cpu")
+    base = {"preset": "tiny", "config": {}, "concurrency": [2], "guard": False, "min_samples": 3,
+            "max_samples": 3, "warmup_steps": 2}
+    try:
+        long = measure_request(state, {**base, "warmup_min_s": 0.4})
+        short = measure_request(state, {**base, "warmup_min_s": 0.0})
+    finally:
+        state.drop_sessions()
+    assert long["status"] == short["status"] == "ok"
+    assert long["costs_s"]["warmup"] >= 0.4
+    assert short["costs_s"]["warmup"] < 0.4  # two tiny steps: tens of milliseconds
+
 def test_cpu_bandwidth_is_measured_and_plausible():
     bw = device_bandwidth("cpu", nbytes=32 << 20, reps=3)
     assert 1e8 < bw["bytes_per_s"] < 1e13  # 0.1 GB/s .. 10 TB/s

@@ -103,6 +103,8 @@ def measure(
     steps: Optional[int] = typer.Option(None, "--steps", min=3, help="Timed steps per concurrency "
                                         "(default: adaptive, 10 to 40 until the 95% CI is within ±2%)."),
     warmup: int = typer.Option(3, "--warmup", min=1, help="Warm-up steps per concurrency (discarded)."),
+    warmup_s: float = typer.Option(0.5, "--warmup-s", min=0.0, help="...and warm up for at least this "
+                                   "many seconds (clocks ramp up from idle)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch intra-op threads in the "
                                           "worker (default: 1 on a CPU, torch's default on a GPU)."),
@@ -113,7 +115,7 @@ def measure(
     optional profile buckets, costs and what actually ran."""
     try:
         target, request = _prepare(preset, sets, shapes, config, concurrency, profile, steps, warmup,
-                                   device, timeout, threads)
+                                   device, timeout, threads, warmup_s)
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -142,7 +144,7 @@ def measure(
 
 def _prepare(preset: str | None, sets: list[str], shapes: list[str], config: Path | None,
              concurrency: str | None, profile: bool, steps: int | None, warmup: int, device: str,
-             timeout: float, threads: int | None = None) -> tuple[Any, Any]:
+             timeout: float, threads: int | None = None, warmup_s: float | None = None) -> tuple[Any, Any]:
     from dsv4.config import PRESET_NAMES, preset as make_preset
 
     from autoopt.targets.base import EvalRequest
@@ -170,7 +172,7 @@ def _prepare(preset: str | None, sets: list[str], shapes: list[str], config: Pat
     set_knobs, set_overrides = parse_sets(sets, model)
     knobs.update(set_knobs)
     overrides.extend(set_overrides)  # later entries win, so --set beats the file per layer too
-    target = BuiltinTarget(preset, device, shape, warmup_steps=warmup, threads=threads)
+    target = BuiltinTarget(preset, device, shape, warmup_steps=warmup, warmup_min_s=warmup_s, threads=threads)
     if device == "auto":
         target.describe()  # starts the worker, which resolves auto -> cuda | cpu for the defaults
     conc = parse_concurrency(concurrency) if concurrency else target.default_concurrency()

@@ -55,7 +55,8 @@ class BuiltinTarget:
     fills_missing_knobs = True  # a partial config means "the baseline elsewhere" (autoopt measure --set)
 
     def __init__(self, preset: str = "tiny", device: str = "cpu", shape: dict[str, Any] | None = None,
-                 *, guard: bool = True, warmup_steps: int = 3, measure_if_wrong: bool = True,
+                 *, guard: bool = True, warmup_steps: int = 3, warmup_min_s: float | None = None,
+                 measure_if_wrong: bool = True,
                  startup_timeout_s: float = 180.0, worker_env: dict[str, str] | None = None,
                  threads: int | None = None) -> None:
         from dsv4.config import PRESET_NAMES, preset as make_preset
@@ -71,6 +72,7 @@ class BuiltinTarget:
         self.device = device
         self.guard = guard
         self.warmup_steps = warmup_steps
+        self.warmup_min_s = warmup_min_s  # None: the worker's default (autoopt.measure.WARMUP_MIN_S)
         self.measure_if_wrong = measure_if_wrong
         self.startup_timeout_s = startup_timeout_s
         if threads is not None:  # torch intra-op threads in the worker (default there: 1 on a CPU)
@@ -274,6 +276,8 @@ class BuiltinTarget:
             "time_limit_s": request.time_limit_s, "warmup_steps": self.warmup_steps,
             "guard": self.guard, "measure_if_wrong": self.measure_if_wrong, **request.extra,
         }
+        if self.warmup_min_s is not None:
+            payload["warmup_min_s"] = self.warmup_min_s
         restart_s = 0.0
         for attempt in (1, 2):
             try:
