@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -68,3 +69,10 @@ def wait_for(cond: Callable[[], Any], timeout_s: float, proc: subprocess.Popen |
         time.sleep(0.25)
     tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{tail}")
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now (for servers the tests start)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -9,13 +9,14 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
+
+from cli_helpers import free_port
 
 USER = "autoopt"
 
@@ -27,11 +28,6 @@ def _binary(name: str) -> str | None:
     versions = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
     return versions[-1] if versions else None
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PostgresServer:
@@ -50,7 +46,7 @@ class PostgresServer:
             except (LookupError, PermissionError):
                 pytest.skip("running as root and there is no `postgres` user to run the server as")
             self.prefix = ["runuser", "-u", "postgres", "--"]
-        self.pg_ctl, self.port, self.data = pg_ctl, _free_port(), self.dir / "data"
+        self.pg_ctl, self.port, self.data = pg_ctl, free_port(), self.dir / "data"
         self._run([initdb, "-D", str(self.data), "-A", "trust", "-U", USER, "-E", "UTF8"])
         self._run([pg_ctl, "-D", str(self.data), "-l", str(self.dir / "server.log"), "-w", "-t", "60",
                    "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1", "start"])

@@ -3,7 +3,6 @@ broken op (DSV4_TEST_BREAK) is caught in every class."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 import dsv4
 from dsv4.guard import REFERENCE, TOLERANCES, check, precision_class

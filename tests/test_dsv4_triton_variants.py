@@ -20,8 +20,8 @@ from autoopt.profile_rules import BUCKETS, classify
 from dsv4.device import capabilities
 from dsv4.guard import check, precision_class
 from dsv4.knobs import KNOB_BY_NAME, baseline_knobs, excluded_values
-from dsv4.model import make_plans
 from dsv4.session import DecodeSession
+from interpreted_steps import interpreted_session, rel_errs
 from triton_aot import compile_for_sm90
 
 HAS_CUDA = torch.cuda.is_available()
@@ -94,34 +94,6 @@ def test_triton_kernel_names_have_deliberate_buckets():
 
 
 # ---------------------------------------------------------------- the code paths, interpreted
-
-def interpreted_session(**knobs) -> DecodeSession:
-    """A tiny CPU session running `knobs` although they require CUDA: built as the baseline, then
-    switched by hand (reconfigure would refuse). Test-only; real CPU sessions never do this."""
-    cfg = dsv4.preset("tiny", **knobs)
-    sess = DecodeSession(dsv4.preset("tiny"), batch=2, test_break="")
-    sess.config = sess.state.cfg = cfg
-    sess.state.plans = make_plans(cfg)
-    sess.state.glue = sess._glue(cfg.glue)
-    sess.weights.sync_hc_cache(DecodeSession._cached_hc_layers(cfg))
-    return sess
-
-
-def rel_errs(knobs: dict, steps: int = 3) -> tuple[list[float], dict]:
-    """Per (step, sequence) ||a - b|| / ||b|| of the logits against the baseline, teacher-forced."""
-    ref = DecodeSession(dsv4.preset("tiny"), batch=2, test_break="")
-    var = interpreted_session(**knobs)
-    errs, tokens = [], ref.tokens.clone()
-    with torch.no_grad():
-        for _ in range(steps):
-            ref_next = ref.step_with_tokens(tokens)
-            var.step_with_tokens(tokens)
-            a, b = var.last_logits, ref.last_logits
-            errs += (torch.linalg.vector_norm(a - b, dim=-1)
-                     / torch.linalg.vector_norm(b, dim=-1)).tolist()
-            tokens = ref_next
-    return errs, var.what_ran()
-
 
 @interpreted
 @pytest.mark.parametrize("mode", ["fp32", "bf16", "fp8"])

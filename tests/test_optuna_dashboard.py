@@ -7,7 +7,6 @@ The run drives the replay target (simulated clock), so the test checks the store
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -16,18 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import env, run_autoopt, trials
+from cli_helpers import env, free_port, run_autoopt, trials
 
 pytest.importorskip("optuna_dashboard", reason="optuna-dashboard is not installed (it is in the test extras)")
 pytestmark = pytest.mark.timeout(300)
 CASE = Path(__file__).resolve().parent / "fixtures" / "replay" / "casestudy.csv"
 _DASHBOARD = "import sys; from optuna_dashboard._cli import main; sys.argv[0] = 'optuna-dashboard'; main()"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, deadline: float, proc: subprocess.Popen) -> dict:
@@ -47,7 +41,7 @@ def test_dashboard_serves_the_study_autoopt_recorded(tmp_path):
                       "--budget", "2h", "--max-trials", "5", "--plain")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     recorded = trials(db, "dash")
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "dashboard.log", "w")
     proc = subprocess.Popen([sys.executable, "-c", _DASHBOARD, f"sqlite:///{db}", "--host", "127.0.0.1",
                              "--port", str(port)], env=env(), stdout=log, stderr=subprocess.STDOUT)

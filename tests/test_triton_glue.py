@@ -29,7 +29,7 @@ from dsv4.device import capabilities
 from dsv4.guard import check, precision_class
 from dsv4.knobs import KNOB_BY_NAME, excluded_values
 from dsv4.session import DecodeSession
-from test_dsv4_triton_variants import rel_errs
+from interpreted_steps import rel_errs
 from triton_aot import compile_for_sm90
 from dsv4.triton_glue import mhc_head_mix, mhc_post, mhc_pre_mix
 
