@@ -96,53 +96,51 @@ def test_gpu_bandwidth_and_peak_memory():
 
 # ---------------------------------------------------------------- through the real worker
 
-ROUNDS = 8
+ROUNDS = 2
 
 
-def _copy_cast_ms(target, operand: str) -> tuple[float, dict]:
+def _copy_cast(target, operand: str) -> dict:
     from autoopt.targets.base import EvalRequest
 
     config = {"mhc_gemm": "bf16", "mhc_operand": operand, "hc_fn_weight": "cached"}
     req = EvalRequest(config=config, concurrency=(64,), profile=True, min_samples=3, max_samples=3,
-                      time_limit_s=300, extra={"profile_steps": 5})
+                      time_limit_s=300, extra={"profile_steps": 2})
     m = target.evaluate(req)
     assert m.status == "ok", (m.failure, m.correctness)
     assert m.buckets_ms, m.what_ran.get("profile")
-    return m.buckets_ms["copy_cast"], m.to_dict()
+    return m.to_dict()
 
 
 @pytest.mark.slow
-def test_bf16_mhc_cast_from_fp32_costs_copy_time_that_a_view_does_not():
-    """The case study: the bf16 operand made by casting the fp32 x_flat adds a full [C, 4*hidden] copy
-    per mHC call; a view of the bf16 residual does not.
+def test_bf16_mhc_cast_from_fp32_adds_copies_that_a_view_does_not():
+    """The case study: the bf16 operand made by casting the fp32 x_flat adds a [C, 4*hidden] copy per
+    mHC call; a view of the bf16 residual does not. Through the real worker with profiles: in every
+    round the cast configuration runs a fixed number of ops more per step than the view (the cast's
+    ops), what_ran says which operand ran, and the switch happens in place.
 
-    Shape: at tiny's hidden=64 (and at 512) that cast is a few KiB per call, lost among ~940 copies per
-    step and the profiler's own overhead. At hidden=4096, C=64 it is 4 MiB per call and the mHC's own
-    [C, 4*hidden] copies dominate the bucket; still the 9 casts per step add only ~13% to it (6 of
-    46 ms: 9 upcasts and 17 hc_post copies of the same size remain in both), while other processes
-    on a shared 2-core CPU stretch whole profiles by 2-3x. So measurements alternate in A B B A
-    order, 5 profiled steps a round, and the minimum of each is compared: contention only ever adds
-    time, and the minimum is the least disturbed figure. On an H200 the same shapes give a small but steady difference (0.85 vs
-    0.83 ms/step in all 8 rounds: the casts are ~2 us each at 4 TB/s). The bf16 hc_fn is cached in
-    both configurations so the per-call weight cast does not dilute the difference; the guard is off
-    (this is about buckets)."""
+    How much TIME those copies cost is a benchmark's question, not a unit test's: on this shared
+    2-core CPU whole profiles stretch 2-3x between rounds, and comparing the minima of 8 rounds
+    failed twice in CI. `benchmarks/copy_cast_operand.py` measures it in A B B A rounds
+    (benchmarks/results/copy_cast_operand.json: +5.4 ms/step median, 12 %, positive in 5 of 8
+    rounds at hidden=4096, C=64 on this CPU); on an H200, 0.85 vs 0.83 ms/step in all 8 rounds."""
     from autoopt.targets.builtin import BuiltinTarget
 
     target = BuiltinTarget("tiny", "cuda" if HAS_CUDA else "cpu", shape={"hidden": 4096},
-                           guard=False, warmup_steps=1)
+                           guard=False, warmup_steps=1, warmup_min_s=0.0)
     cast, view = [], []
     try:
-        for r in range(ROUNDS):  # A B B A ...: neither operand is always measured second
+        for r in range(ROUNDS):  # A B B A: neither operand is always measured second
             order = ("cast_from_fp32", "view_bf16_residual")[::1 if r % 2 == 0 else -1]
             for operand in order:
-                (cast if operand == "cast_from_fp32" else view).append(_copy_cast_ms(target, operand))
+                (cast if operand == "cast_from_fp32" else view).append(_copy_cast(target, operand))
     finally:
         target.close()
     assert target.workers_started == 1  # "none"-class switches: the same worker throughout
-    cast_ms, view_ms = min(c for c, _ in cast), min(v for v, _ in view)
-    print(f"\ncopy_cast ms/step: cast {[round(c, 1) for c, _ in cast]}, view {[round(v, 1) for v, _ in view]}")
-    assert cast_ms > view_ms, ([round(c, 1) for c, _ in cast], [round(v, 1) for v, _ in view])
+    cast_ops, view_ops = {m["kernel_count"] for m in cast}, {m["kernel_count"] for m in view}
+    assert len(cast_ops) == len(view_ops) == 1, (cast_ops, view_ops)  # the same ops every round
+    assert cast_ops.pop() > view_ops.pop()  # the casts, and nothing else, differ
+    assert all(m["buckets_ms"]["copy_cast"] > 0 for m in cast + view)
     # what ran says which operand each measurement used, so the difference is attributable
-    assert "via cast_from_fp32" in cast[0][1]["what_ran"]["mhc_gemm[c4]"]
-    assert "via view_bf16_residual" in view[0][1]["what_ran"]["mhc_gemm[c4]"]
-    assert view[0][1]["what_ran"]["measure.apply"] == "C=64: none"  # switched in place, no rebuild
+    assert "via cast_from_fp32" in cast[0]["what_ran"]["mhc_gemm[c4]"]
+    assert "via view_bf16_residual" in view[0]["what_ran"]["mhc_gemm[c4]"]
+    assert view[0]["what_ran"]["measure.apply"] == "C=64: none"  # switched in place, no rebuild
