@@ -14,6 +14,7 @@ The table is printed last.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import traceback
@@ -24,6 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "kernels"), str(Path(__file__).parent)]
 
 from _meta import machine_meta, write_result  # noqa: E402
+
+STEADY_STEPS = 5  # torch.compile row: steps without a new Dynamo graph before timing starts
 
 # (label, knob changes from the starting point). Pairs where one knob is inert alone (the bf16 operand
 # only matters once the mHC GEMM is bf16) are given as the pair, as an engineer would flip them.
@@ -101,9 +104,15 @@ def _measure(state: Any, preset: str, shape: dict[str, Any], knobs: dict[str, An
 
 
 def _compile_start(preset: str, shape: dict[str, Any], conc: list[int], samples: int,
-                   mode: str, device: str) -> dict[str, Any]:
-    """What a PyTorch user would try instead: torch.compile(mode=max-autotune) of the whole step."""
+                   mode: str, device: str, warm_s: float) -> dict[str, Any]:
+    """What a PyTorch user would try instead: torch.compile(mode=max-autotune) of the whole step.
+
+    The start's expert loop reads its counts on the host, so Dynamo specialises that loop on them
+    and recompiles it at (nearly) every step until it reaches its recompile limit, after which the
+    loop frame runs eagerly. Timing starts only once compiling has stopped: no new Dynamo graph for
+    STEADY_STEPS steps (or warm_s spent warming up, which is then reported)."""
     import torch
+    from torch._dynamo.utils import counters
 
     from autoopt.measure import device_bandwidth, synchronize, time_steps
     from autoopt.results import Measurement, throughput_from_step_times
@@ -117,6 +126,7 @@ def _compile_start(preset: str, shape: dict[str, Any], conc: list[int], samples:
     compiled = torch.compile(decode_forward, mode=mode)
     out = Measurement(status="ok", config={"torch.compile": mode})
     costs = {"compile": 0.0, "measure": 0.0}
+    warm_notes = {}
     for c in conc:
         sess = DecodeSession(cfg, device=device, batch=c)
 
@@ -127,11 +137,21 @@ def _compile_start(preset: str, shape: dict[str, Any], conc: list[int], samples:
             s.tokens.copy_(logits.argmax(dim=-1))
             s._steps += 1
 
-        t0 = time.perf_counter()
-        for _ in range(3):
+        t0, steady, n = time.perf_counter(), 0, 0
+        while steady < STEADY_STEPS and time.perf_counter() - t0 < warm_s:
+            graphs = counters["stats"]["unique_graphs"]
+            ts = time.perf_counter()
             step()
-        synchronize(device)
+            synchronize(device)
+            n += 1
+            new = counters["stats"]["unique_graphs"] - graphs
+            steady = steady + 1 if new == 0 else 0
+            print(f"   [compile C={c}] warm-up step {n}: {time.perf_counter() - ts:7.2f} s, "
+                  f"{new} new graph(s), {time.perf_counter() - t0:6.0f} s so far", flush=True)
         costs["compile"] += time.perf_counter() - t0
+        warm_notes[str(c)] = {"warmup_steps": n, "warmup_s": round(time.perf_counter() - t0, 1),
+                              "steady": steady >= STEADY_STEPS,
+                              "dynamo_graphs": counters["stats"]["unique_graphs"]}
         t0 = time.perf_counter()
         xs, _ = time_steps(step, device, min_samples=samples, max_samples=samples * 2, concurrency=c)
         costs["measure"] += time.perf_counter() - t0
@@ -142,7 +162,11 @@ def _compile_start(preset: str, shape: dict[str, Any], conc: list[int], samples:
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     out.costs_s = costs
-    out.what_ran = {"step": f"torch.compile(decode_forward, mode={mode!r}) over the starting point"}
+    limit = getattr(torch._dynamo.config, "recompile_limit", None)
+    out.what_ran = {"step": f"torch.compile(decode_forward, mode={mode!r}) over the starting point",
+                    "warmup": json.dumps(warm_notes),
+                    "dynamo": f"recompile_limit={limit}; graph breaks: "
+                              f"{sum(counters['graph_break'].values())}"}
     return out.to_dict()
 
 
@@ -175,6 +199,8 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated labels of SINGLE_CHANGES to run")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile(max-autotune)")
     ap.add_argument("--compile-mode", default="max-autotune")
+    ap.add_argument("--compile-warmup-s", type=float, default=400.0,
+                    help="torch.compile row: most seconds of warm-up (compiling) per concurrency")
     ap.add_argument("--traces", default=None, help="directory: save the profiler traces per config")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "h200_decode.json"))
     args = ap.parse_args()
@@ -229,7 +255,8 @@ def main() -> None:
         state.drop_sessions()
         t0 = time.perf_counter()
         try:
-            doc = _compile_start(args.preset, shape, conc, args.samples, args.compile_mode, args.device)
+            doc = _compile_start(args.preset, shape, conc, args.samples, args.compile_mode, args.device,
+                                 args.compile_warmup_s)
         except Exception as exc:  # recorded as a failed row, with its reason
             from autoopt.results import Measurement
 
