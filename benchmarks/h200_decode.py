@@ -57,6 +57,11 @@ SINGLE_CHANGES: list[tuple[str, dict[str, Any]]] = [
     ("glue=triton", {"glue": "triton"}),
     ("hand-tuned + glue=compile + cuda_graphs", {**FAST, "glue": "compile", "cuda_graphs": "on"}),
     ("hand-tuned + glue=triton + cuda_graphs", {**FAST, "glue": "triton", "cuda_graphs": "on"}),
+    ("step_compile=inductor (+ moe grouped)", {"step_compile": "inductor", "moe_experts": "grouped"}),
+    ("hand-tuned + step_compile + cuda_graphs", {**FAST, "step_compile": "inductor", "cuda_graphs": "on"}),
+    ("hand-tuned + glue=triton + step_compile + cuda_graphs", {**FAST, "glue": "triton",
+                                                              "step_compile": "inductor",
+                                                              "cuda_graphs": "on"}),
     # the copy_cast target's like-for-like pair: the tuned step with the fp32 mHC path instead
     ("hand-tuned + glue=triton + cuda_graphs + mhc_gemm=fp32", {**FAST, "glue": "triton", "cuda_graphs": "on",
                                                               "mhc_gemm": "fp32"}),
@@ -66,7 +71,9 @@ SINGLE_CHANGES: list[tuple[str, dict[str, Any]]] = [
 # The before/after pair of the case study, kept as profiler traces (test fixtures for `autoopt profile`).
 TRACE_LABELS = {"start": "before", "mhc_gemm=bf16 (cast_from_fp32)": "after",
                 "hand-tuned: all Triton + cuda_graphs": "tuned",
-                "hand-tuned + glue=triton + cuda_graphs": "tuned_triton_glue"}  # where the kernels of a tuned step go
+                "hand-tuned + glue=triton + cuda_graphs": "tuned_triton_glue",
+                "hand-tuned + glue=triton + step_compile + cuda_graphs": "tuned_step_compile"}
+# (where the kernels of a tuned step go; saved at the profile concurrency and at C=1)
 
 
 def _save_trace(state: Any, batch: int, path: Path, device: str) -> None:
@@ -79,7 +86,9 @@ def _save_trace(state: Any, batch: int, path: Path, device: str) -> None:
     sess.reset()
     path.parent.mkdir(parents=True, exist_ok=True)
     prof = capture(sess.step, steps=1, device=device, trace_path=path)
-    print(f"   trace {path.name}: {prof.kernel_count} kernels, coverage {prof.coverage:.0%}", flush=True)
+    top = sorted(prof.buckets_ms.items(), key=lambda kv: -kv[1])[:4]
+    print(f"   trace {path.name}: {prof.kernel_count} kernels, {prof.total_ms:.3f} ms of kernels, "
+          f"coverage {prof.coverage:.0%}; " + ", ".join(f"{b} {ms:.3f}" for b, ms in top), flush=True)
 
 
 def _measure(state: Any, preset: str, shape: dict[str, Any], knobs: dict[str, Any],
@@ -245,8 +254,9 @@ def main() -> None:
         if label == "start":
             base = doc
         if args.traces and label in TRACE_LABELS and doc.get("status") != "failed":
-            _save_trace(state, profile_c, Path(args.traces) / f"h200_{TRACE_LABELS[label]}.json.gz",
-                        args.device)
+            for c in sorted({profile_c, 1} & set(conc)):
+                _save_trace(state, c, Path(args.traces) / f"h200_{TRACE_LABELS[label]}_c{c}.json.gz",
+                            args.device)
         print("   " + _row(label, doc, base, conc), flush=True)
         write_result(args.out, result)
     if not args.no_compile:

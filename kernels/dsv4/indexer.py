@@ -91,6 +91,7 @@ def score_logits(q8: torch.Tensor, k8: torch.Tensor, mode: str) -> torch.Tensor:
     raise ValueError(f"indexer_gemm {mode!r}: expected fp32, bf16 or fp8")
 
 
+@torch.compiler.disable  # opaque to step_compile=inductor: a graph break, launched as built
 def fused_scores(q8: torch.Tensor, k8: torch.Tensor, w: torch.Tensor, lengths: torch.Tensor,
                  qscale: torch.Tensor, kscale: torch.Tensor, mode: str,
                  block_s: int = 64) -> torch.Tensor:

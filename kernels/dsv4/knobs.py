@@ -103,6 +103,12 @@ KNOBS: tuple[Knob, ...] = (
          help="mHC epilogues (sigmoids, Sinkhorn, stream collapse, sublayer RMSNorm; hc_post; "
               "hc_head): eager PyTorch (dozens of tiny kernels per call), torch.compile'd, or one "
               "Triton kernel per call (dsv4.triton_glue); q/kv norms stay eager"),
+    Knob("step_compile", ("off", "inductor"), "off", "recompile", ("global",),
+         ("elementwise", "reduce", "norm", "copy_cast", "other"), {},
+         help="torch.compile (Inductor, default mode, static shapes) of the whole decode step: the "
+              "torch code between the Triton kernels (norms, RoPE, casts, cache writes, index "
+              "building, routing) fused into few kernels; the Triton kernels stay opaque (graph "
+              "breaks). Each new configuration is a new compile (two: batch 1, and a symbolic batch)"),
     Knob("cuda_graphs", ("off", "on"), "off", "rebuild", ("global",),
          ("other",), {"on": "cuda"},
          help="capture the whole decode step in a CUDA graph and replay it"),

@@ -24,8 +24,9 @@ Cost: when no profiler is recording, `section` is one C call that returns a shar
 (~0.3 us), not a record_function (which goes through the dispatcher: ~10-25 us per scope on a
 loaded 2-core CPU even when nothing records). During CUDA graph capture nothing records, so the
 captured graph is the same; graph replay runs no Python, so a replayed step has no sections.
-Never call `section` inside a torch.compile'd function (Dynamo cannot trace the profiler check):
-the glue's compiled regions are called from inside sections, never the other way round.
+Under torch.compile (step_compile=inductor traces the whole step) `section` is a no-op: Dynamo cannot
+trace the profiler check, and a graph break per section would cut the step into pieces Inductor
+cannot fuse across. A compiled step's buckets are its kernels' (names) and have no section scopes.
 """
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ _profiler_enabled = torch._C._autograd._profiler_enabled
 
 def section(name: str) -> ContextManager:
     """`dsv4::<name>` record_function scope while a profiler records; a no-op otherwise."""
+    if torch.compiler.is_compiling():  # constant-folded by Dynamo: no graph break
+        return _NULL
     if _profiler_enabled():
         return record_function(PREFIX + name)
     return _NULL

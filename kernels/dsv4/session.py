@@ -59,6 +59,38 @@ def check_supported(cfg: DecodeConfig, device: str) -> None:
                 raise ValueError(f"{knob.name}={value} cannot run on {device}: {reason}")
 
 
+STEP_COMPILE_DESCRIPTIONS = {
+    "off": "off",
+    "inductor": ("torch.compile(decode_forward), Inductor default mode: the torch code between "
+                 "Triton kernels fused; Triton kernels opaque (graph breaks)"),
+}
+STEP_COMPILE_RECOMPILE_LIMIT = 1024  # one Dynamo entry per configuration (x batch 1 / other)
+
+
+def step_function(cfg: DecodeConfig):
+    """decode_forward, or its torch.compile'd form for step_compile=inductor."""
+    if cfg.step_compile == "off":
+        return decode_forward
+    loops = sorted({i for i in range(cfg.n_layers) if cfg.knob("moe_experts", i) == "loop"})
+    if loops:  # its host-read counts specialise the graph: a recompile at nearly every step
+        raise ValueError(f"step_compile=inductor cannot compile moe_experts=loop (layers {loops}): "
+                         f"the loop reads expert counts on the host, so Dynamo would recompile it "
+                         f"at nearly every step; use moe_experts=grouped or triton_grouped")
+    dyn = torch._dynamo.config
+    # every configuration x batch size x layer class is one entry per compiled frame: a search
+    # passes Dynamo's default limit (8) quickly; hitting the raised one is an error, never a
+    # silent fall back to eager
+    dyn.recompile_limit = max(dyn.recompile_limit, STEP_COMPILE_RECOMPILE_LIMIT)
+    if hasattr(dyn, "accumulated_recompile_limit"):
+        dyn.accumulated_recompile_limit = max(dyn.accumulated_recompile_limit,
+                                              4 * STEP_COMPILE_RECOMPILE_LIMIT)
+    if hasattr(dyn, "fail_on_recompile_limit_hit"):
+        dyn.fail_on_recompile_limit_hit = True
+    # dynamic=None: the first batch size compiles static, the next one compiles a graph with a
+    # symbolic batch that every later size reuses (batch 1 always keeps its own specialisation)
+    return torch.compile(decode_forward)
+
+
 def parse_breaks(raw: str | None) -> frozenset[str]:
     ops = frozenset(s.strip() for s in (raw or "").split(",") if s.strip())
     unknown = ops - set(BREAKABLE_OPS)
@@ -91,6 +123,7 @@ class DecodeSession:
         if batch < 1:
             raise ValueError("batch must be >= 1")
         check_supported(config, device)
+        self._forward = step_function(config)  # before any allocation: a bad combination fails fast
         self.device = torch.device(device)
         self.device_name = device_info(device)["name"]
         self.batch, self.max_new_tokens = batch, max_new_tokens
@@ -117,7 +150,8 @@ class DecodeSession:
 
     # ---- the step ----
     def _step_body(self) -> None:
-        logits, self._ran = decode_forward(self.state, self.tokens)
+        with torch.no_grad():  # decode; also one grad mode for Dynamo's guards, whatever the caller's
+            logits, self._ran = self._forward(self.state, self.tokens)
         with section("sample"):
             self.last_logits.copy_(logits)
             self.tokens.copy_(logits.argmax(dim=-1))
@@ -165,6 +199,9 @@ class DecodeSession:
         keys: set = set()
         if self.config.glue != "eager":  # torch.compile, or the Triton glue kernels' JIT
             keys.add(("glue", self.config.glue))
+        if self.config.step_compile == "inductor":  # Dynamo guards on every knob and the batch
+            keys.add(("step_compile", min(self.batch, 2), repr(self.config.knobs()),
+                      repr([p.knobs for p in self.state.plans])))
         if self.device.type == "cuda":
             plans = self.state.plans
             for i, plan in enumerate(plans):  # the constexprs each Triton specialisation keys on
@@ -224,6 +261,7 @@ class DecodeSession:
         if diff:
             raise ValueError(f"reconfigure cannot change shape fields {diff}: build a new session")
         check_supported(new_config, str(self.device))
+        forward = step_function(new_config)
         old_plans = self.state.plans
         new_plans = make_plans(new_config)
         if ([p.knobs for p in new_plans] == [p.knobs for p in old_plans]
@@ -234,6 +272,7 @@ class DecodeSession:
         self.config = self.state.cfg = new_config
         self.state.plans = new_plans
         self.state.glue = self._glue(new_config.glue)
+        self._forward = forward
         rebuilt = self.weights.sync_hc_cache(self._cached_hc_layers(new_config))
         self.reset()  # every configuration is measured from the prefilled state
         done = self._prepare()  # JIT of new kernels, graph capture
@@ -253,6 +292,7 @@ class DecodeSession:
             out[key] = descs.pop() if len(descs) == 1 else "; ".join(
                 f"L{i}: {d}" for i, d in sorted(by_layer.items()))
         out["glue"] = self.state.glue.describe()
+        out["step_compile"] = STEP_COMPILE_DESCRIPTIONS[self.config.step_compile]
         if self._graph is not None:
             out["cuda_graphs"] = "on: the whole step replayed from one torch.cuda.CUDAGraph"
         else:

@@ -199,6 +199,7 @@ def _check_mix_inputs(fn: str, src, mixes, scale, base, norm_w, hc: int, n_mix: 
     return B
 
 
+@torch.compiler.disable  # opaque to step_compile=inductor: a graph break, launched as built
 def mhc_pre_mix(src: torch.Tensor, mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
                 norm_w: torch.Tensor, hc: int, iters: int, raw_mixes: bool = False,
                 block_h: int | None = None, num_warps: int = 4,
@@ -222,6 +223,7 @@ def mhc_pre_mix(src: torch.Tensor, mixes: torch.Tensor, scale: torch.Tensor, bas
     return x, post, comb
 
 
+@torch.compiler.disable  # opaque to step_compile=inductor: a graph break, launched as built
 def mhc_head_mix(src: torch.Tensor, mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
                  norm_w: torch.Tensor, hc: int, raw_mixes: bool = False,
                  block_h: int | None = None, num_warps: int = 4) -> torch.Tensor:
@@ -238,6 +240,7 @@ def mhc_head_mix(src: torch.Tensor, mixes: torch.Tensor, scale: torch.Tensor, ba
     return y
 
 
+@torch.compiler.disable  # opaque to step_compile=inductor: a graph break, launched as built
 def mhc_post(out: torch.Tensor, R: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
              block_h: int | None = None, num_warps: int = 4,
              new: torch.Tensor | None = None) -> torch.Tensor:

@@ -261,6 +261,7 @@ def _finish(acc_ws, sq_ws, T, M, W, eps, out, fp32_dot: bool) -> torch.Tensor:
     return out
 
 
+@torch.compiler.disable  # opaque to step_compile=inductor: a graph break, launched as built
 def mhc_prenorm(x_flat: torch.Tensor, hc_fn: torch.Tensor, eps: float = 1e-6,
                 split_k: int | None = None, block_k: int | None = None,
                 num_warps: int = 4, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -304,6 +305,7 @@ def mhc_post_pre_ref(residual: torch.Tensor, out: torch.Tensor, post: torch.Tens
     return new, mhc_prenorm_ref(new.view(T, -1), hc_fn, eps)
 
 
+@torch.compiler.disable  # opaque to step_compile=inductor: a graph break, launched as built
 def mhc_post_pre_fused(residual: torch.Tensor, out: torch.Tensor, post: torch.Tensor,
                        comb: torch.Tensor, hc_fn: torch.Tensor, eps: float = 1e-6,
                        split_k: int | None = None, block_d: int | None = None,

@@ -123,6 +123,7 @@ def moe_reduce_kernel(y_ptr, out_ptr, HIDDEN, TOPK: tl.constexpr, BLOCK: tl.cons
     tl.store(out_ptr + t.to(tl.int64) * HIDDEN + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+@torch.compiler.disable  # opaque to step_compile=inductor: a graph break, launched as built
 def moe_grouped(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
                 topk_ids: torch.Tensor, topk_weights: torch.Tensor, swiglu_limit: float = 10.0,
                 block_m: int = 16, block_n: int = 64, block_k: int = 64,
