@@ -62,7 +62,7 @@ def test_compiled_step_is_one_graph_and_matches_the_reference():
     assert errs[len(errs) // 2] <= TOLERANCES["bf16"]["logits_rel_err"], errs
     assert counters["stats"]["unique_graphs"] == 1  # the steps after the warm-up compiled nothing
     assert precision_class(sess.config) == "bf16"
-    assert sess.what_ran()["step_compile"].startswith("torch.compile(decode_forward)")
+    assert sess.what_ran()["step_compile"].startswith("torch.compile(decode_and_sample)")
     assert sess.reconfigure(plain) == "none"  # back to eager: a Python switch
 
 
