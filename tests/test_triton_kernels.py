@@ -239,6 +239,47 @@ def test_moe_grouped_small(dtype, T, E, k):
     assert err < TOL[dtype], f"rel err {err:.2e}"
 
 
+@pytest.mark.parametrize("T,E,k,dtype", [(1, 32, 6, torch.int64), (16, 32, 6, torch.int32),
+                                         (100, 32, 6, torch.int64), (40, 256, 8, torch.int32),
+                                         (7, 3, 2, torch.int64)])
+def test_moe_route_kernel_matches_the_torch_metadata(T, E, k, dtype, monkeypatch):
+    # (100, 32, 6): 600 pairs, several CHUNKs of pairs and of blocks; (40, 256, 8): E > CHUNK lanes
+    import triton
+
+    from dsv4 import triton_moe
+
+    gen = torch.Generator().manual_seed(T * 1000 + E)
+    skew = torch.rand(E, generator=gen) ** 3  # uneven loads: some experts empty, some multi-block
+    ids = torch.stack([torch.multinomial(skew, k, generator=gen) for _ in range(T)]).to(dtype).to(DEV)
+    max_blocks = triton.cdiv(T * k, 16) + min(E, T * k)
+    assert triton_moe.route_path(T * k).endswith("one moe_route_kernel launch")
+    order, blk_expert, meta = triton_moe.route_metadata(ids, E, 16, max_blocks)
+    monkeypatch.setattr(triton_moe, "ROUTE_KERNEL_MAX_PAIRS", 0)  # the torch chain, as reference
+    assert triton_moe.route_path(T * k).startswith("routing metadata: torch")
+    ref_order, ref_blk_expert, ref_meta = triton_moe.route_metadata(ids, E, 16, max_blocks)
+    assert torch.equal(order, ref_order)  # stable: pairs of one expert keep their order
+    assert torch.equal(blk_expert, ref_blk_expert)
+    for got, want in zip(meta, ref_meta):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.slow
+def test_moe_route_kernel_compiles_for_sm90():
+    """The GPU code path the interpreter never compiles (int64 and int32 ids, 256 experts)."""
+    from triton_aot import compile_for_sm90
+
+    compile_for_sm90("""
+        from dsv4 import triton_moe as tm
+        for ids in ("*i64", "*i32"):
+            sig = dict(ids_ptr=ids, order_ptr="*i32", seg_start_ptr="*i32", seg_end_ptr="*i32",
+                       blk_start_ptr="*i32", blk_expert_ptr="*i32", N="i32", E="i32",
+                       MAX_BLOCKS="i32", BLOCK_M=C, BLOCK_E=C, CHUNK=C)
+            for block_e, chunk in ((32, 128), (256, 16)):
+                comp(tm.moe_route_kernel, sig, dict(BLOCK_M=16, BLOCK_E=block_e, CHUNK=chunk))
+        print("compiled")
+    """)
+
+
 def test_moe_rejects_bad_inputs():
     x, wg, wu, wd, ids, tw = moe_inputs(2, 16, 16, 3, 2, torch.float32)
     with pytest.raises(ValueError, match="w_down"):

@@ -108,11 +108,11 @@ def experts_grouped(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor,
 def experts_triton(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor,
                    p: Params) -> tuple[torch.Tensor, str]:
     """moe_experts=triton_grouped. x [B, hidden] bf16 -> ([B, hidden] fp32, what ran)."""
-    from dsv4.triton_moe import moe_grouped
+    from dsv4.triton_moe import moe_grouped, route_path
 
     out = moe_grouped(x, p.w_gate, p.w_up, p.w_down, ids, w.contiguous(), swiglu_limit=SWIGLU_LIMIT)
     return out.float(), ("triton_grouped: dsv4.triton_moe grouped GEMM (fused clamped SwiGLU), bf16, "
-                         "no host sync")
+                         f"no host sync, {route_path(ids.numel())}")
 
 
 def moe_block(x: torch.Tensor, tokens: torch.Tensor, p: Params, topk: int, hash_routed: bool,

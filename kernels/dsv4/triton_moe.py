@@ -6,8 +6,11 @@ Contract: `dsv4.ref_ops.moe_experts_ref`:
 
 The "loop" variant launches a few GEMMs per active expert and needs the set of active experts on the
 host (a sync, and a different launch sequence every step, so no CUDA graph). Here:
-  1. the T*k (token, expert) pairs are sorted by expert on the device (torch.sort), and per-expert
-     counts -> cumulative sums give each expert a contiguous segment cut into BLOCK_M-row blocks;
+  1. the T*k (token, expert) pairs are sorted by expert on the device, and per-expert counts ->
+     cumulative sums give each expert a contiguous segment cut into BLOCK_M-row blocks. Up to
+     ROUTE_KERNEL_MAX_PAIRS pairs this routing metadata is ONE launch (`moe_route_kernel`, a stable
+     counting sort in one program); above, ~15 torch launches (sort, scatter-add, scans, search).
+     At C=1 on the H200 the torch chain cost ~25 us per layer, as much as the down GEMM's weights;
   2. the grid has a host-known upper bound of blocks, cdiv(T*k, BLOCK_M) + min(E, T*k) (each
      expert wastes at most one partial block); block b finds its expert by torch.searchsorted, and
      blocks past the last one exit at once;
@@ -27,6 +30,48 @@ import triton.language as tl
 from dsv4.triton_attention import check_out, check_tensor, interpreting
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+# One program compares every pair with every earlier one (O(N^2)): cheap up to a few thousand pairs
+# (C=64 x top-6 is 384), slower than the torch chain beyond.
+ROUTE_KERNEL_MAX_PAIRS = 2048
+
+
+@triton.jit
+def moe_route_kernel(ids_ptr, order_ptr, seg_start_ptr, seg_end_ptr, blk_start_ptr, blk_expert_ptr,
+                     N, E, MAX_BLOCKS, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
+                     CHUNK: tl.constexpr):
+    # grid (1,). ids [N] expert of each (token, slot) pair, pair = t*k + j. Writes, all int32:
+    # order [N] pair ids grouped by expert (stable), seg_start / seg_end / blk_start [E] (first row,
+    # end row, first block of each expert), blk_expert [MAX_BLOCKS] (E: past the last block).
+    e_offs = tl.arange(0, BLOCK_E)
+    e_ok = e_offs < E
+    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for n0 in range(0, N, CHUNK):
+        offs = n0 + tl.arange(0, CHUNK)
+        ids = tl.load(ids_ptr + offs, mask=offs < N, other=-1)  # [CHUNK]; -1 matches no expert
+        counts += tl.sum((ids[None, :] == e_offs[:, None]).to(tl.int32), axis=1)
+    seg_end = tl.cumsum(counts, axis=0)
+    n_blk = (counts + BLOCK_M - 1) // BLOCK_M
+    blk_end = tl.cumsum(n_blk, axis=0)
+    tl.store(seg_start_ptr + e_offs, seg_end - counts, mask=e_ok)
+    tl.store(seg_end_ptr + e_offs, seg_end, mask=e_ok)
+    tl.store(blk_start_ptr + e_offs, blk_end - n_blk, mask=e_ok)
+    for b0 in range(0, MAX_BLOCKS, CHUNK):  # searchsorted(blk_end, b, right=True)
+        b = b0 + tl.arange(0, CHUNK)
+        owner = tl.sum(((blk_end[None, :] <= b[:, None]) & e_ok[None, :]).to(tl.int32), axis=1)
+        tl.store(blk_expert_ptr + b, owner, mask=b < MAX_BLOCKS)
+    tl.debug_barrier()  # seg_start is read back below, gathered by expert id
+    for i0 in range(0, N, CHUNK):  # pair i -> seg_start[id_i] + #(earlier pairs of its expert)
+        i = i0 + tl.arange(0, CHUNK)
+        i_ok = i < N
+        id_i = tl.load(ids_ptr + i, mask=i_ok, other=-1)
+        rank = tl.zeros([CHUNK], dtype=tl.int32)
+        for j0 in range(0, i0 + CHUNK, CHUNK):  # only earlier pairs count
+            j = j0 + tl.arange(0, CHUNK)
+            id_j = tl.load(ids_ptr + j, mask=j < N, other=-2)
+            same = (id_j[None, :] == id_i[:, None]) & (j[None, :] < i[:, None])  # [CHUNK, CHUNK]
+            rank += tl.sum(same.to(tl.int32), axis=1)
+        first = tl.load(seg_start_ptr + id_i, mask=i_ok, other=0)
+        tl.store(order_ptr + first + rank, i.to(tl.int32), mask=i_ok)
 
 
 @triton.jit
@@ -123,6 +168,36 @@ def moe_reduce_kernel(y_ptr, out_ptr, HIDDEN, TOPK: tl.constexpr, BLOCK: tl.cons
     tl.store(out_ptr + t.to(tl.int64) * HIDDEN + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+def route_metadata(topk_ids: torch.Tensor, E: int, block_m: int,
+                   max_blocks: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """topk_ids [T, k] -> (order [N], blk_expert [max_blocks], [seg_start, seg_end, blk_start] [E]),
+    all int32 on the device; see moe_route_kernel. Which path ran: route_path(N)."""
+    n_pairs, dev = topk_ids.numel(), topk_ids.device
+    if n_pairs <= ROUTE_KERNEL_MAX_PAIRS:
+        i32 = dict(device=dev, dtype=torch.int32)
+        order, blk_expert = torch.empty(n_pairs, **i32), torch.empty(max_blocks, **i32)
+        meta = [torch.empty(E, **i32) for _ in range(3)]
+        block_e = max(16, triton.next_power_of_2(E))
+        moe_route_kernel[(1,)](topk_ids.reshape(-1).contiguous(), order, *meta, blk_expert, n_pairs,
+                               E, max_blocks, BLOCK_M=block_m, BLOCK_E=block_e,
+                               CHUNK=max(16, min(128, 4096 // block_e)), num_warps=4)
+        return order, blk_expert, meta
+    flat = topk_ids.reshape(-1).to(torch.int64)  # [N]
+    order = torch.sort(flat, stable=True).indices.to(torch.int32)  # [N] pair ids by expert
+    counts = torch.zeros(E, device=dev, dtype=torch.int64).scatter_add_(0, flat, torch.ones_like(flat))
+    seg_end = torch.cumsum(counts, 0)
+    n_blk = (counts + block_m - 1) // block_m
+    blk_end = torch.cumsum(n_blk, 0)
+    blk = torch.arange(max_blocks, device=dev, dtype=torch.int64)
+    blk_expert = torch.searchsorted(blk_end, blk, right=True).to(torch.int32)  # E: past the end
+    return order, blk_expert, [t.to(torch.int32) for t in (seg_end - counts, seg_end, blk_end - n_blk)]
+
+
+def route_path(n_pairs: int) -> str:
+    return ("routing metadata: one moe_route_kernel launch" if n_pairs <= ROUTE_KERNEL_MAX_PAIRS
+            else f"routing metadata: torch sort/scan/search (> {ROUTE_KERNEL_MAX_PAIRS} pairs)")
+
+
 @torch.compiler.disable  # opaque to step_compile=inductor: a graph break, launched as built
 def moe_grouped(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
                 topk_ids: torch.Tensor, topk_weights: torch.Tensor, swiglu_limit: float = 10.0,
@@ -159,17 +234,8 @@ def moe_grouped(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_dow
     if n_pairs == 0 or hidden == 0:
         return out.zero_()
     # ---- routing metadata, all on the device (no .item(), no nonzero) ----
-    flat = topk_ids.reshape(-1).to(torch.int64)  # [N]
-    order = torch.sort(flat, stable=True).indices.to(torch.int32)  # [N] pair ids by expert
-    counts = torch.zeros(E, device=dev, dtype=torch.int64).scatter_add_(0, flat, torch.ones_like(flat))
-    seg_end = torch.cumsum(counts, 0)
-    seg_start = seg_end - counts
-    n_blk = (counts + block_m - 1) // block_m
-    blk_end = torch.cumsum(n_blk, 0)
     max_blocks = triton.cdiv(n_pairs, block_m) + min(E, n_pairs)
-    blk = torch.arange(max_blocks, device=dev, dtype=torch.int64)
-    blk_expert = torch.searchsorted(blk_end, blk, right=True).to(torch.int32)  # E: past the end
-    meta = [t.to(torch.int32) for t in (seg_start, seg_end, blk_end - n_blk)]
+    order, blk_expert, meta = route_metadata(topk_ids, E, block_m, max_blocks)
     # ---- the grouped GEMMs ----
     fp32_dot = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and interpreting())
     h = torch.empty(n_pairs, inner, device=dev, dtype=torch.float32 if fp32_dot else x.dtype)
