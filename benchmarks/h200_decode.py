@@ -62,6 +62,9 @@ SINGLE_CHANGES: list[tuple[str, dict[str, Any]]] = [
     ("hand-tuned + glue=triton + step_compile + cuda_graphs", {**FAST, "glue": "triton",
                                                               "step_compile": "inductor",
                                                               "cuda_graphs": "on"}),
+    ("proj_gemms=stacked", {"proj_gemms": "stacked"}),
+    ("hand-tuned + glue=triton + step_compile + stacked proj + cuda_graphs",
+     {**FAST, "glue": "triton", "step_compile": "inductor", "proj_gemms": "stacked", "cuda_graphs": "on"}),
     # the copy_cast target's like-for-like pair: the tuned step with the fp32 mHC path instead
     ("hand-tuned + glue=triton + cuda_graphs + mhc_gemm=fp32", {**FAST, "glue": "triton", "cuda_graphs": "on",
                                                               "mhc_gemm": "fp32"}),

@@ -324,3 +324,24 @@ def test_reconfigure_back_from_cached_bf16_hc_fn_to_baseline():
     ref = DecodeSession(base, batch=2)
     ref.step()
     assert torch.equal(sess.last_logits, ref.last_logits)
+
+
+def test_stacked_projections_are_views_and_compute_the_separate_ones():
+    from dsv4.weights import STACK_PREFIX, ModelWeights, project
+
+    cfg = dsv4.preset("tiny")
+    w = ModelWeights(cfg, torch.device("cpu"))
+    x = torch.randn(3, cfg.hidden).to(torch.bfloat16)
+    for i in range(cfg.n_layers):
+        p = w.layers[i]
+        for stack, names in (("attn_in", 7 if cfg.layer_class(i) == "c4" else None), ("moe_in", 2)):
+            buf = p[STACK_PREFIX + stack]
+            sep, stk = project(x, p, stack, "separate"), project(x, p, stack, "stacked")
+            assert list(sep) == list(stk) and (names is None or len(sep) == names)
+            for name in sep:  # each weight is a row block of the stack: one copy in memory
+                assert p[name].untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+                torch.testing.assert_close(stk[name], sep[name], rtol=1e-2, atol=1e-2)
+    assert {"wq_a", "wkv"} <= set(project(x, w.layers[0], "attn_in", "separate"))
+    assert "comp_wkv" not in project(x, w.layers[0], "attn_in", "separate")  # window layer
+    with pytest.raises(ValueError, match="proj_gemms 'fused': expected separate or stacked"):
+        project(x, w.layers[0], "attn_in", "fused")

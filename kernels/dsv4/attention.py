@@ -27,7 +27,7 @@ from dsv4.config import DecodeConfig
 from dsv4.glue import rmsnorm
 from dsv4.rope import apply_rope
 from dsv4.sections import section
-from dsv4.weights import Params
+from dsv4.weights import Params, project
 
 TILE_KNOBS = ("attn_block_kv", "attn_heads_per_tile", "attn_num_warps", "attn_num_stages",
               "attn_split_k")
@@ -108,26 +108,28 @@ def attention_block(x: torch.Tensor, p: Params, lc: LayerCache, pos: torch.Tenso
     freqs, cos, sin = rope
     B, H, D, rd, W = x.shape[0], cfg.n_heads, cfg.head_dim, cfg.rope_dim, cfg.window
     ran: dict[str, str] = {}
-    q_low = rmsnorm(F.linear(x, p.wq_a), p.q_norm)  # [B, q_rank] bf16
+    proj = project(x, p, "attn_in", knobs["proj_gemms"])  # name -> x @ W.T, [B, rows] bf16
+    q_low = rmsnorm(proj["wq_a"], p.q_norm)  # [B, q_rank] bf16
     q = F.linear(q_low, p.wq_b).view(B, H, D)  # [B, H, D] bf16
     q = rmsnorm(q, torch.ones((), device=x.device))  # per-head RMS, no weight
     q = apply_rope(q, cos, sin, rd)
-    kv = apply_rope(rmsnorm(F.linear(x, p.wkv), p.kv_norm), cos, sin, rd)  # [B, D] bf16
+    kv = apply_rope(rmsnorm(proj["wkv"], p.kv_norm), cos, sin, rd)  # [B, D] bf16
     write_slot(lc.kv, pos % W, kv)
 
     slots_w = torch.arange(W, device=x.device)
     idx_w = torch.where(slots_w <= pos, slots_w, -1)[None, :].expand(B, W)  # [B, W] ring slots
     parts = [idx_w]
     if lc.ratio:
-        entry, complete, group = compress_step(x, p.comp_wkv, p.comp_wgate, p.comp_ape, p.comp_norm,
+        entry, complete, group = compress_step(proj["comp_wkv"], proj["comp_wgate"], p.comp_ape,
+                                               p.comp_norm,
                                                lc.comp_kv_stage, lc.comp_gate_stage, pos, lc.ratio,
                                                freqs, rd)
         write_slot(lc.kv, W + group, entry, complete)
         n_valid = (pos + 1) // lc.ratio  # complete compressed entries, this token's included
         if lc.cls == "c4":
             with section("indexer"):  # nested in dsv4::attention: its host time is the indexer's
-                indexer.update_keys(x, p, lc, pos, freqs, rd)
-                sel = indexer.select(q_low, x, p, lc, n_valid, cos, sin, rd, cfg.idx_heads,
+                indexer.update_keys(proj, p, lc, pos, freqs, rd)
+                sel = indexer.select(q_low, proj["idx_wproj"], p, lc, n_valid, cos, sin, rd, cfg.idx_heads,
                                      cfg.idx_topk, knobs["indexer_gemm"], "indexer" in breaks,
                                      knobs["indexer_kernel"])
             parts.append(torch.where(sel >= 0, sel + W, -1))  # [B, topk]

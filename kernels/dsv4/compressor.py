@@ -6,7 +6,8 @@ when the group is complete (the token at position p with (p + 1) % ratio == 0), 
 group's first position, and written as one new compressed entry.
 
 Simplification against DeepSeek-V4: the real 4:1 compressor pools overlapping windows; here groups
-are disjoint. Cost per step is the same order (two [d, hidden] projections + a [ratio, d] pooling).
+are disjoint. Cost per step is the same order (two [d, hidden] projections + a [ratio, d] pooling). The projections
+are the caller's (dsv4.weights.project), so they can share one GEMM with the layer's other ones.
 
 The pooling runs at every step and the write is masked (torch.where) rather than skipped in Python:
 the boundary test must stay on the device for a CUDA graph to replay it correctly.
@@ -14,27 +15,27 @@ the boundary test must stay on the device for a CUDA graph to replay it correctl
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from dsv4.cache import write_slot
 from dsv4.glue import rmsnorm
 from dsv4.rope import apply_rope, cos_sin
 
 
-def compress_step(x: torch.Tensor, w_kv: torch.Tensor, w_gate: torch.Tensor, ape: torch.Tensor,
+def compress_step(kv_proj: torch.Tensor, gate_proj: torch.Tensor, ape: torch.Tensor,
                   norm_w: torch.Tensor, kv_stage: torch.Tensor, gate_stage: torch.Tensor,
                   pos: torch.Tensor, ratio: int, freqs: torch.Tensor,
                   rope_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stage token `pos` and pool its group.
 
-    x: [B, hidden] bf16 (the layer input), w_kv / w_gate: [d, hidden] bf16, ape: [ratio, d] fp32,
+    kv_proj / gate_proj: [B, d] bf16, the layer input's projections by the compressor's w_kv / w_gate
+    (dsv4.weights.project), ape: [ratio, d] fp32,
     kv_stage / gate_stage: [B, ratio, d] fp32 (updated in place), pos: 0-d int64.
     Returns (entry [B, d] fp32 normed and rotated, complete 0-d bool, entry index 0-d int64).
     Only when `complete` is the entry a real new compressed entry.
     """
     slot = pos % ratio
-    kv_new = F.linear(x, w_kv).float()  # [B, d]
-    gate_new = F.linear(x, w_gate).float() + ape.index_select(0, slot.reshape(1))  # [B, d]
+    kv_new = kv_proj.float()  # [B, d]
+    gate_new = gate_proj.float() + ape.index_select(0, slot.reshape(1))  # [B, d]
     write_slot(kv_stage, slot, kv_new)
     write_slot(gate_stage, slot, gate_new)
     weights = torch.softmax(gate_stage, dim=1)  # [B, ratio, d]: pooled per latent dimension

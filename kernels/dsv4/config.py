@@ -59,6 +59,7 @@ class DecodeConfig:
     mhc_kernel: str = "torch"
     mhc_fuse_post_pre: str = "off"
     glue: str = "eager"
+    proj_gemms: str = "separate"
     step_compile: str = "off"
     cuda_graphs: str = "off"
     # Per-layer choices, expanded to layer indices: ((layer, knob, value), ...). A later entry wins.

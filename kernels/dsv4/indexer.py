@@ -56,10 +56,11 @@ def describe(kernel: str, mode: str) -> str:
     return (FUSED_DESCRIPTIONS if kernel == "triton_fused" else GEMM_DESCRIPTIONS)[mode]
 
 
-def update_keys(x: torch.Tensor, p: Params, lc: LayerCache, pos: torch.Tensor, freqs: torch.Tensor,
-                rope_dim: int) -> None:
-    """Stage token `pos` in the indexer's compressor; on a group boundary write one FP8 key."""
-    entry, complete, slot = compress_step(x, p.idx_comp_wk, p.idx_comp_wgate, p.idx_comp_ape,
+def update_keys(proj: dict[str, torch.Tensor], p: Params, lc: LayerCache, pos: torch.Tensor,
+                freqs: torch.Tensor, rope_dim: int) -> None:
+    """Stage token `pos` in the indexer's compressor; on a group boundary write one FP8 key.
+    proj: the layer input's projections (dsv4.weights.project), idx_comp_wk / idx_comp_wgate used."""
+    entry, complete, slot = compress_step(proj["idx_comp_wk"], proj["idx_comp_wgate"], p.idx_comp_ape,
                                           p.idx_comp_norm, lc.idx_kv_stage, lc.idx_gate_stage,
                                           pos, lc.ratio, freqs, rope_dim)
     k8, kscale = quantize_fp8_rowwise(entry)  # [B, Di] fp8, [B, 1] fp32
@@ -124,22 +125,23 @@ def fused_scores(q8: torch.Tensor, k8: torch.Tensor, w: torch.Tensor, lengths: t
     return out if mode == "fp8" else out * kscale
 
 
-def select(q_low: torch.Tensor, x: torch.Tensor, p: Params, lc: LayerCache, n_valid: torch.Tensor,
+def select(q_low: torch.Tensor, head_w: torch.Tensor, p: Params, lc: LayerCache, n_valid: torch.Tensor,
            cos: torch.Tensor, sin: torch.Tensor, rope_dim: int, n_heads: int, topk: int, mode: str,
            break_op: bool = False, kernel: str = "torch") -> torch.Tensor:
     """Top-`topk` compressed entries per sequence.
 
-    q_low: [B, q_rank] bf16 (normed low-rank query), x: [B, hidden] bf16 (layer input),
+    q_low: [B, q_rank] bf16 (normed low-rank query), head_w: [B, Hi] bf16 (the layer input times
+    idx_wproj: per-head weights),
     n_valid: 0-d int64 complete compressed entries. Returns [B, topk] int64 entry index or -1.
     kernel: the indexer_kernel knob ("torch" | "triton_fused"); mode: the indexer_gemm knob.
     break_op (test hook) selects the *lowest* scoring entries instead.
     """
-    B = x.shape[0]
+    B = q_low.shape[0]
     q = F.linear(q_low, p.idx_wq).view(B, n_heads, -1)  # [B, Hi, Di] bf16
     Di = q.shape[-1]
     q = apply_rope(q, cos, sin, rope_dim)
     q8, qscale = quantize_fp8_rowwise(q)  # [B, Hi, Di] fp8, [B, Hi, 1] fp32
-    w0 = F.linear(x, p.idx_wproj).float() * (n_heads * Di) ** -0.5  # [B, Hi]
+    w0 = head_w.float() * (n_heads * Di) ** -0.5  # [B, Hi]
     k8 = lc.idx_k8.view(FP8)  # [B, S, Di]
     if kernel == "triton_fused":
         lengths = n_valid.to(torch.int32).expand(B).contiguous()  # [B], on the device: no sync
@@ -153,7 +155,7 @@ def select(q_low: torch.Tensor, x: torch.Tensor, p: Params, lc: LayerCache, n_va
     if break_op:
         scores = -scores
     S = scores.shape[1]
-    invalid = torch.arange(S, device=x.device)[None, :] >= n_valid
+    invalid = torch.arange(S, device=q_low.device)[None, :] >= n_valid
     scores = scores.masked_fill(invalid, float("-inf"))
     vals, ids = scores.topk(min(topk, S), dim=-1)  # [B, k]
     return torch.where(vals == float("-inf"), torch.full_like(ids, -1), ids)

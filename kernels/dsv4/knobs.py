@@ -103,6 +103,12 @@ KNOBS: tuple[Knob, ...] = (
          help="mHC epilogues (sigmoids, Sinkhorn, stream collapse, sublayer RMSNorm; hc_post; "
               "hc_head): eager PyTorch (dozens of tiny kernels per call), torch.compile'd, or one "
               "Triton kernel per call (dsv4.triton_glue); q/kv norms stay eager"),
+    Knob("proj_gemms", ("separate", "stacked"), "separate", "none", ("global", "layer_class", "layer"),
+         ("gemm_tensorop",), {},
+         help="the projections that read the same activation (attention input: wq_a, wkv, the "
+              "compressor's kv / gate, the indexer's key compressor and head weights; MoE input: "
+              "the shared expert's gate / up): one GEMM each, or one GEMM over their row-stacked "
+              "weights (the weights are stored stacked either way: a free switch)"),
     Knob("step_compile", ("off", "inductor"), "off", "recompile", ("global",),
          ("elementwise", "reduce", "norm", "copy_cast", "other"), {},
          help="torch.compile (Inductor, default mode, static shapes) of the whole decode step: the "

@@ -118,7 +118,8 @@ def decode_forward(st: ModelState, tokens: torch.Tensor) -> tuple[torch.Tensor, 
             x, post, comb, R, _ = _pre(st, R, None, p, "hc_ffn", p.ffn_norm, i, knobs)
         with section("moe"):
             out, ran[("moe", i)] = moe_block(x, tokens, p, cfg.topk_experts, plan.hash_routed,
-                                             knobs["moe_experts"], "moe" in st.breaks)
+                                             knobs["moe_experts"], "moe" in st.breaks,
+                                             knobs["proj_gemms"])
         last = i == len(st.plans) - 1
         if fuse:
             ran[("mhc_post_pre", i)] = desc + ("; the MoE's hc_post unfused (last layer: hc_head "

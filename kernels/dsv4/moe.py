@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dsv4.weights import Params
+from dsv4.weights import Params, project
 
 ROUTE_SCALE = 1.5
 SWIGLU_LIMIT = 10.0
@@ -116,7 +116,8 @@ def experts_triton(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor,
 
 
 def moe_block(x: torch.Tensor, tokens: torch.Tensor, p: Params, topk: int, hash_routed: bool,
-              mode: str, break_op: bool = False) -> tuple[torch.Tensor, str]:
+              mode: str, break_op: bool = False,
+              proj_gemms: str = "separate") -> tuple[torch.Tensor, str]:
     """x: [B, hidden] bf16 normed MoE input -> ([B, hidden] bf16, what ran)."""
     ids, w = route(x, tokens, p, topk, hash_routed)
     if mode == "loop":
@@ -129,6 +130,7 @@ def moe_block(x: torch.Tensor, tokens: torch.Tensor, p: Params, topk: int, hash_
         raise ValueError(f"moe_experts {mode!r}: expected loop, grouped or triton_grouped")
     if break_op:
         routed = routed * BREAK_MOE_FACTOR
-    shared = F.linear(swiglu(F.linear(x, p.s_gate), F.linear(x, p.s_up), None), p.s_down)
+    up = project(x, p, "moe_in", proj_gemms)  # the shared expert's gate / up projections
+    shared = F.linear(swiglu(up["s_gate"], up["s_up"], None), p.s_down)
     routing = "hash-routed" if hash_routed else "router top-k"
     return (routed + shared.float()).to(torch.bfloat16), f"{desc}; {routing}"

@@ -44,6 +44,42 @@ def _init(spec: ParamSpec, cfg: DecodeConfig, gen: torch.Generator, device: torc
     raise ValueError(f"unknown init {spec.init!r} for {spec.name}")
 
 
+# Weights that read the same activation, row-stacked in one buffer: proj_gemms=stacked computes them
+# with ONE GEMM (at C=1 each separate small GEMM costs a launch plus a split-K reduce for ~1-2 us of
+# bytes). The Params entries are row views of the stack, so both variants read the same memory and
+# switching is free. Names absent from a layer's class (no compressor on window layers) are skipped.
+STACKS: dict[str, tuple[str, ...]] = {
+    "attn_in": ("wq_a", "wkv", "comp_wkv", "comp_wgate", "idx_comp_wk", "idx_comp_wgate",
+                "idx_wproj"),  # [B, hidden] attention input (the hc_attn-collapsed, normed x)
+    "moe_in": ("s_gate", "s_up"),  # [B, hidden] MoE input: the shared expert's two up-projections
+}
+STACK_PREFIX = "stacked_"  # Params key of a stack; not counted again by nbytes
+
+
+def _stack_rows(p: Params) -> None:
+    for stack, names in STACKS.items():
+        present = [n for n in names if n in p]
+        buf = torch.cat([p[n] for n in present])  # [sum of rows, hidden]
+        row = 0
+        for n in present:
+            rows = p[n].shape[0]
+            p[n] = buf[row:row + rows]  # a contiguous row block: F.linear reads it as before
+            row += rows
+        p[STACK_PREFIX + stack] = buf
+
+
+def project(x: torch.Tensor, p: Params, stack: str, mode: str) -> dict[str, torch.Tensor]:
+    """x [B, hidden] -> {name: x @ p[name].T [B, rows]} for the weights of `stack` in this layer.
+    mode: the proj_gemms knob ("separate": one GEMM each; "stacked": one GEMM, then column views)."""
+    names = [n for n in STACKS[stack] if n in p]
+    if mode == "separate":
+        return {n: torch.nn.functional.linear(x, p[n]) for n in names}
+    if mode != "stacked":
+        raise ValueError(f"proj_gemms {mode!r}: expected separate or stacked")
+    y = torch.nn.functional.linear(x, p[STACK_PREFIX + stack])  # [B, sum of rows]
+    return dict(zip(names, y.split([p[n].shape[0] for n in names], dim=-1)))
+
+
 class ModelWeights:
     """All weights of the decode step; `layers[i]` holds layer i's Params."""
 
@@ -53,6 +89,8 @@ class ModelWeights:
         self.globals = Params({s.name: _init(s, cfg, gen, device) for s in global_param_specs(cfg)})
         self.layers = [Params({s.name: _init(s, cfg, gen, device) for s in layer_param_specs(cfg, i)})
                        for i in range(cfg.n_layers)]
+        for p in self.layers:
+            _stack_rows(p)
         # bf16 copies of the mHC weights, built only for layers whose hc_fn_weight knob is "cached"
         # (see sync_hc_cache); key (layer, "hc_attn" | "hc_ffn")
         self.hc_fn_bf16: dict[tuple[int, str], torch.Tensor] = {}
@@ -76,6 +114,7 @@ class ModelWeights:
         return built
 
     def nbytes(self) -> int:
-        tensors = list(self.globals.values()) + [t for p in self.layers for t in p.values()]
+        tensors = list(self.globals.values()) + [t for p in self.layers for k, t in p.items()
+                                                 if not k.startswith(STACK_PREFIX)]
         tensors += list(self.hc_fn_bf16.values())
         return sum(t.numel() * t.element_size() for t in tensors)
