@@ -75,7 +75,8 @@ SINGLE_CHANGES: list[tuple[str, dict[str, Any]]] = [
 TRACE_LABELS = {"start": "before", "mhc_gemm=bf16 (cast_from_fp32)": "after",
                 "hand-tuned: all Triton + cuda_graphs": "tuned",
                 "hand-tuned + glue=triton + cuda_graphs": "tuned_triton_glue",
-                "hand-tuned + glue=triton + step_compile + cuda_graphs": "tuned_step_compile"}
+                "hand-tuned + glue=triton + step_compile + cuda_graphs": "tuned_step_compile",
+                "hand-tuned + glue=triton + step_compile + stacked proj + cuda_graphs": "tuned_stacked"}
 # (where the kernels of a tuned step go; saved at the profile concurrency and at C=1)
 
 
