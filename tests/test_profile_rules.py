@@ -93,7 +93,7 @@ def test_named_kernels(name, bucket):
     ("mhc_head_mix_kernel", "elementwise"),
     ("indexer_scores_kernel", "attention"), ("sparse_mqa_decode_combine_kernel", "attention"),
     ("moe_gate_up_kernel", "moe"), ("moe_down_kernel", "moe"), ("moe_reduce_kernel", "moe"),
-    ("moe_route_kernel", "moe"),
+    ("moe_route_kernel", "moe"), ("moe_router_topk_kernel", "moe"),
 ])
 def test_dsv4_triton_kernels(name, bucket):
     assert classify(name) == bucket

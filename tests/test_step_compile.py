@@ -81,3 +81,15 @@ def test_gpu_compiled_step_with_triton_kernels_and_cuda_graphs_passes_guard():
     for _ in range(3):  # the captured compiled step computes what the compiled step computes
         assert torch.equal(graph.step(), eager.step())
         torch.testing.assert_close(graph.last_logits, eager.last_logits, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("vocab", [129280, 1000, 100, 257])
+def test_greedy_tokens_is_argmax_including_ties(vocab):
+    from dsv4.session import greedy_tokens
+
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(5, vocab, generator=gen)
+    logits[1, vocab // 3] = logits[1, vocab - 1] = 50.0  # a tie across chunks: the first wins
+    logits[2] = 0.0  # all equal: index 0
+    logits[3, -1] = float("inf")
+    assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))

@@ -263,6 +263,28 @@ def test_moe_route_kernel_matches_the_torch_metadata(T, E, k, dtype, monkeypatch
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("T,E,k", [(5, 32, 6), (3, 256, 8), (1, 4, 2), (2, 17, 3)])
+def test_router_topk_matches_the_torch_router(T, E, k):
+    import torch.nn.functional as F
+
+    from dsv4.triton_moe import router_topk
+
+    gen = torch.Generator().manual_seed(E * 10 + k)
+    logits = (3 * torch.randn(T, E, generator=gen)).to(DEV)
+    logits[0, 0] = 40.0  # past softplus's threshold: the identity branch
+    logits[-1, -1] = -30.0
+    bias = 0.05 * torch.randn(E, generator=gen).to(DEV)
+    ids, w = router_topk(logits, bias, k, 1.5)
+    scores = torch.sqrt(F.softplus(logits))  # dsv4.moe.route's torch path
+    ref_ids = (scores + bias).topk(k, dim=-1).indices
+    ref_w = scores.gather(1, ref_ids)
+    ref_w = ref_w / ref_w.sum(dim=-1, keepdim=True) * 1.5
+    assert ids.dtype == torch.int32 and torch.equal(ids.long(), ref_ids)  # same order too
+    torch.testing.assert_close(w, ref_w, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="topk=5 of E=4"):
+        router_topk(logits[:, :4].contiguous(), bias[:4].contiguous(), 5, 1.5)
+
+
 @pytest.mark.slow
 def test_moe_route_kernel_compiles_for_sm90():
     """The GPU code path the interpreter never compiles (int64 and int32 ids, 256 experts)."""
@@ -273,9 +295,13 @@ def test_moe_route_kernel_compiles_for_sm90():
         for ids in ("*i64", "*i32"):
             sig = dict(ids_ptr=ids, order_ptr="*i32", seg_start_ptr="*i32", seg_end_ptr="*i32",
                        blk_start_ptr="*i32", blk_expert_ptr="*i32", N="i32", E="i32",
-                       MAX_BLOCKS="i32", BLOCK_M=C, BLOCK_E=C, CHUNK=C)
-            for block_e, chunk in ((32, 128), (256, 16)):
-                comp(tm.moe_route_kernel, sig, dict(BLOCK_M=16, BLOCK_E=block_e, CHUNK=chunk))
+                       MAX_BLOCKS="i32", BLOCK_M=C, BLOCK_E=C, CHUNK_E=C, CHUNK=C)
+            for block_e, chunk_e in ((32, 32), (256, 4)):
+                comp(tm.moe_route_kernel, sig, dict(BLOCK_M=16, BLOCK_E=block_e, CHUNK_E=chunk_e,
+                                                    CHUNK=32))
+        comp(tm.moe_router_topk_kernel, dict(logits_ptr="*fp32", bias_ptr="*fp32", ids_ptr="*i32",
+                                         w_ptr="*fp32", E="i32", scale="fp32", TOPK=C, BLOCK_E=C,
+                                         BLOCK_K=C), dict(TOPK=6, BLOCK_E=32, BLOCK_K=8))
         print("compiled")
     """)
 

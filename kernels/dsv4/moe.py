@@ -37,9 +37,15 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = SWIGLU_LI
 
 
 def route(x: torch.Tensor, tokens: torch.Tensor, p: Params, topk: int,
-          hash_routed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """x: [B, hidden] bf16 normed, tokens: [B] int64 -> (ids [B, k] int64, weights [B, k] fp32)."""
+          hash_routed: bool, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [B, hidden] bf16 normed, tokens: [B] int64 -> (ids [B, k] int64, weights [B, k] fp32).
+    fused (moe_experts=triton_grouped, top-k layers): everything after the router GEMM in one
+    Triton launch (dsv4.triton_moe.router_topk; ids int32)."""
     logits = x.float() @ p.gate.T  # [B, E] fp32 router
+    if fused and not hash_routed:
+        from dsv4.triton_moe import router_topk
+
+        return router_topk(logits, p.gate_bias, topk, ROUTE_SCALE)
     scores = torch.sqrt(F.softplus(logits))
     if hash_routed:
         ids = p.tid2eid[tokens]  # [B, k] fixed per token id
@@ -119,7 +125,8 @@ def moe_block(x: torch.Tensor, tokens: torch.Tensor, p: Params, topk: int, hash_
               mode: str, break_op: bool = False,
               proj_gemms: str = "separate") -> tuple[torch.Tensor, str]:
     """x: [B, hidden] bf16 normed MoE input -> ([B, hidden] bf16, what ran)."""
-    ids, w = route(x, tokens, p, topk, hash_routed)
+    fused_router = mode == "triton_grouped" and not hash_routed
+    ids, w = route(x, tokens, p, topk, hash_routed, fused_router)
     if mode == "loop":
         routed, desc = experts_loop(x, ids, w, p), "loop over active experts, bf16 (host sync)"
     elif mode == "grouped":
@@ -132,5 +139,6 @@ def moe_block(x: torch.Tensor, tokens: torch.Tensor, p: Params, topk: int, hash_
         routed = routed * BREAK_MOE_FACTOR
     up = project(x, p, "moe_in", proj_gemms)  # the shared expert's gate / up projections
     shared = F.linear(swiglu(up["s_gate"], up["s_up"], None), p.s_down)
-    routing = "hash-routed" if hash_routed else "router top-k"
+    routing = ("hash-routed" if hash_routed else
+               "router top-k (triton moe_router_topk_kernel)" if fused_router else "router top-k")
     return (routed + shared.float()).to(torch.bfloat16), f"{desc}; {routing}"

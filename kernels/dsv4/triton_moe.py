@@ -38,16 +38,16 @@ ROUTE_KERNEL_MAX_PAIRS = 2048
 @triton.jit
 def moe_route_kernel(ids_ptr, order_ptr, seg_start_ptr, seg_end_ptr, blk_start_ptr, blk_expert_ptr,
                      N, E, MAX_BLOCKS, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
-                     CHUNK: tl.constexpr):
+                     CHUNK_E: tl.constexpr, CHUNK: tl.constexpr):
     # grid (1,). ids [N] expert of each (token, slot) pair, pair = t*k + j. Writes, all int32:
     # order [N] pair ids grouped by expert (stable), seg_start / seg_end / blk_start [E] (first row,
     # end row, first block of each expert), blk_expert [MAX_BLOCKS] (E: past the last block).
     e_offs = tl.arange(0, BLOCK_E)
     e_ok = e_offs < E
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
-    for n0 in range(0, N, CHUNK):
-        offs = n0 + tl.arange(0, CHUNK)
-        ids = tl.load(ids_ptr + offs, mask=offs < N, other=-1)  # [CHUNK]; -1 matches no expert
+    for n0 in range(0, N, CHUNK_E):  # [BLOCK_E, CHUNK_E] compares a pass
+        offs = n0 + tl.arange(0, CHUNK_E)
+        ids = tl.load(ids_ptr + offs, mask=offs < N, other=-1)  # [CHUNK_E]; -1 matches no expert
         counts += tl.sum((ids[None, :] == e_offs[:, None]).to(tl.int32), axis=1)
     seg_end = tl.cumsum(counts, axis=0)
     n_blk = (counts + BLOCK_M - 1) // BLOCK_M
@@ -55,8 +55,8 @@ def moe_route_kernel(ids_ptr, order_ptr, seg_start_ptr, seg_end_ptr, blk_start_p
     tl.store(seg_start_ptr + e_offs, seg_end - counts, mask=e_ok)
     tl.store(seg_end_ptr + e_offs, seg_end, mask=e_ok)
     tl.store(blk_start_ptr + e_offs, blk_end - n_blk, mask=e_ok)
-    for b0 in range(0, MAX_BLOCKS, CHUNK):  # searchsorted(blk_end, b, right=True)
-        b = b0 + tl.arange(0, CHUNK)
+    for b0 in range(0, MAX_BLOCKS, CHUNK_E):  # searchsorted(blk_end, b, right=True)
+        b = b0 + tl.arange(0, CHUNK_E)
         owner = tl.sum(((blk_end[None, :] <= b[:, None]) & e_ok[None, :]).to(tl.int32), axis=1)
         tl.store(blk_expert_ptr + b, owner, mask=b < MAX_BLOCKS)
     tl.debug_barrier()  # seg_start is read back below, gathered by expert id
@@ -168,6 +168,53 @@ def moe_reduce_kernel(y_ptr, out_ptr, HIDDEN, TOPK: tl.constexpr, BLOCK: tl.cons
     tl.store(out_ptr + t.to(tl.int64) * HIDDEN + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def moe_router_topk_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, E, scale, TOPK: tl.constexpr,
+                       BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    # grid (T,). logits [T, E] fp32 (the router GEMM), bias [E] fp32 (steers selection only)
+    # -> ids [T, TOPK] int32 by descending biased score, w [T, TOPK] fp32 = scale * s / sum(s),
+    # s = sqrt(softplus(logits)): dsv4.moe.route after its GEMM, in one launch instead of ~5.
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    ok = offs < E
+    x = tl.load(logits_ptr + t * E + offs, mask=ok, other=0.0)
+    # softplus (beta 1, threshold 20) as max(x, 0) + log(1 + exp(-|x|)): no overflow
+    sp = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x))))
+    s = tl.sqrt(sp)
+    sel = tl.where(ok, s + tl.load(bias_ptr + offs, mask=ok, other=0.0), float("-inf"))
+    k_offs = tl.arange(0, BLOCK_K)
+    ids = tl.zeros([BLOCK_K], dtype=tl.int32)
+    w = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for j in tl.static_range(TOPK):  # k rounds of arg-max (lowest index on a tie), then mask it
+        best = tl.max(sel, axis=0)
+        e = tl.min(tl.where(sel == best, offs, BLOCK_E), axis=0)
+        ids = tl.where(k_offs == j, e, ids)
+        w = tl.where(k_offs == j, tl.sum(tl.where(offs == e, s, 0.0), axis=0), w)
+        sel = tl.where(offs == e, float("-inf"), sel)
+    w = w / tl.sum(w, axis=0) * scale
+    tl.store(ids_ptr + t * TOPK + k_offs, ids, mask=k_offs < TOPK)
+    tl.store(w_ptr + t * TOPK + k_offs, w, mask=k_offs < TOPK)
+
+
+@torch.compiler.disable  # opaque to step_compile=inductor: a graph break, launched as built
+def router_topk(logits: torch.Tensor, bias: torch.Tensor, topk: int,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] fp32, bias [E] fp32 -> (ids [T, topk] int32, weights [T, topk] fp32); the
+    contract of dsv4.moe.route's top-k path (ids in descending order of the biased score)."""
+    check_tensor("logits", logits, 2, (torch.float32,))
+    check_tensor("bias", bias, 1, (torch.float32,), logits.device)
+    T, E = logits.shape
+    if not 0 < topk <= E or bias.shape[0] != E:
+        raise ValueError(f"router_topk: topk={topk} of E={E} experts, bias {tuple(bias.shape)}")
+    ids = torch.empty(T, topk, device=logits.device, dtype=torch.int32)
+    w = torch.empty(T, topk, device=logits.device, dtype=torch.float32)
+    if T:
+        moe_router_topk_kernel[(T,)](logits.contiguous(), bias.contiguous(), ids, w, E, float(scale),
+                                 TOPK=topk, BLOCK_E=max(16, triton.next_power_of_2(E)),
+                                 BLOCK_K=triton.next_power_of_2(topk), num_warps=1)
+    return ids, w
+
+
 def route_metadata(topk_ids: torch.Tensor, E: int, block_m: int,
                    max_blocks: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """topk_ids [T, k] -> (order [N], blk_expert [max_blocks], [seg_start, seg_end, blk_start] [E]),
@@ -178,9 +225,11 @@ def route_metadata(topk_ids: torch.Tensor, E: int, block_m: int,
         order, blk_expert = torch.empty(n_pairs, **i32), torch.empty(max_blocks, **i32)
         meta = [torch.empty(E, **i32) for _ in range(3)]
         block_e = max(16, triton.next_power_of_2(E))
+        # tiles of ~1k elements (8 a thread): [128, 128] tiles spilled registers and took 17 us per
+        # call at C=1 on the H200
         moe_route_kernel[(1,)](topk_ids.reshape(-1).contiguous(), order, *meta, blk_expert, n_pairs,
                                E, max_blocks, BLOCK_M=block_m, BLOCK_E=block_e,
-                               CHUNK=max(16, min(128, 4096 // block_e)), num_warps=4)
+                               CHUNK_E=max(4, 1024 // block_e), CHUNK=32, num_warps=4)
         return order, blk_expert, meta
     flat = topk_ids.reshape(-1).to(torch.int64)  # [N]
     order = torch.sort(flat, stable=True).indices.to(torch.int32)  # [N] pair ids by expert
