@@ -35,7 +35,7 @@ for stage in "$@"; do
     ;;
   tuned)
     timeout ${TUNED_S:-150} python3 benchmarks/h200_decode.py --no-compile --samples 10 --traces "$OUT" \
-        --only "${ROWS:-hand-tuned: all Triton + cuda_graphs,hand-tuned + glue=compile + cuda_graphs}" \
+        --only "${ROWS:-start,hand-tuned + glue=triton + step_compile + stacked proj + cuda_graphs}" \
         --out "$OUT/h200_decode_tuned.json" 2>&1 | tee "$OUT/tuned.log" | tail -8
     ;;
   search)
