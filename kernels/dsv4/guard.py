@@ -28,7 +28,9 @@ Measured on `tiny`, CPU torch 2.13 (batch 2 x 3 steps over seeds 0-7, batch 4 x 
 and on `flash-slice` (context 4096), H200, torch 2.11, batch 4 x 3 steps, seed 0:
   mhc bf16 0.015 (agreement 0.75), indexer bf16 0.0077, indexer fp8 0.0066, attention mma (Triton)
   0.0146, mma split_k 4 / 64 heads per tile 0.0137, moe grouped (torch._grouped_mm) 0.0128,
-  glue compile 0.0149, everything fast + CUDA graphs 0.0149.
+  glue compile 0.0149, everything fast + CUDA graphs 0.0149; with glue=triton + step_compile=inductor +
+  proj_gemms=stacked + fused MoE routing + CUDA graphs 0.0154 (batch 2 x 3 steps). step_compile on
+  `tiny` CPU (bf16 mHC, mma, grouped MoE): 0.012, one step at 0.30 (a top-k flip).
 Every activation of this model is bf16, so ANY kernel change that reorders a bf16 computation
 (a grouped GEMM instead of per-expert GEMMs, another attention tiling) moves bf16 roundings and the
 model amplifies that to ~1.5 % median: only the reference's own kernels are "fp32"-exact.
