@@ -56,7 +56,8 @@ def test_compiled_step_is_one_graph_and_matches_the_reference():
             nxt = ref.step_with_tokens(tokens)
             sess.step_with_tokens(tokens)
             a, b = sess.last_logits, ref.last_logits
-            errs += (torch.linalg.vector_norm(a - b, dim=-1) / torch.linalg.vector_norm(b, dim=-1)).tolist()
+            norm = torch.linalg.vector_norm
+            errs += (norm(a - b, dim=-1) / norm(b, dim=-1)).tolist()
             tokens = nxt
     errs.sort()
     assert errs[len(errs) // 2] <= TOLERANCES["bf16"]["logits_rel_err"], errs

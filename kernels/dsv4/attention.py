@@ -129,9 +129,9 @@ def attention_block(x: torch.Tensor, p: Params, lc: LayerCache, pos: torch.Tenso
         if lc.cls == "c4":
             with section("indexer"):  # nested in dsv4::attention: its host time is the indexer's
                 indexer.update_keys(proj, p, lc, pos, freqs, rd)
-                sel = indexer.select(q_low, proj["idx_wproj"], p, lc, n_valid, cos, sin, rd, cfg.idx_heads,
-                                     cfg.idx_topk, knobs["indexer_gemm"], "indexer" in breaks,
-                                     knobs["indexer_kernel"])
+                sel = indexer.select(q_low, proj["idx_wproj"], p, lc, n_valid, cos, sin, rd,
+                                     cfg.idx_heads, cfg.idx_topk, knobs["indexer_gemm"],
+                                     "indexer" in breaks, knobs["indexer_kernel"])
             parts.append(torch.where(sel >= 0, sel + W, -1))  # [B, topk]
             ran["indexer"] = indexer.describe(knobs["indexer_kernel"], knobs["indexer_gemm"])
         else:  # c128: every complete compressed entry

@@ -6,8 +6,9 @@ when the group is complete (the token at position p with (p + 1) % ratio == 0), 
 group's first position, and written as one new compressed entry.
 
 Simplification against DeepSeek-V4: the real 4:1 compressor pools overlapping windows; here groups
-are disjoint. Cost per step is the same order (two [d, hidden] projections + a [ratio, d] pooling). The projections
-are the caller's (dsv4.weights.project), so they can share one GEMM with the layer's other ones.
+are disjoint. Cost per step is the same order (two [d, hidden] projections + a [ratio, d] pooling).
+The projections are the caller's (dsv4.weights.project), so they can share one GEMM with the layer's
+other ones.
 
 The pooling runs at every step and the write is masked (torch.where) rather than skipped in Python:
 the boundary test must stay on the device for a CUDA graph to replay it correctly.

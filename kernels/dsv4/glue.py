@@ -102,6 +102,17 @@ def _head_epilogue(x_flat: torch.Tensor, mixes_raw: torch.Tensor, scale: torch.T
     return _head_mix(x_flat, mixes_raw * r, scale, base, norm_w, hc)
 
 
+def raise_recompile_limit(entries: int) -> None:
+    """Let every compiled frame hold at least `entries` Dynamo entries (process-wide), and make
+    hitting the limit an error: by default Dynamo silently runs the frame eagerly from then on."""
+    dyn = torch._dynamo.config
+    dyn.recompile_limit = max(dyn.recompile_limit, entries)
+    if hasattr(dyn, "accumulated_recompile_limit"):
+        dyn.accumulated_recompile_limit = max(dyn.accumulated_recompile_limit, 4 * entries)
+    if hasattr(dyn, "fail_on_recompile_limit_hit"):
+        dyn.fail_on_recompile_limit_hit = True
+
+
 @dataclass(frozen=True)
 class Glue:
     mode: str  # one of MODES
@@ -139,12 +150,8 @@ def make_glue(cfg: DecodeConfig, mode: str) -> Glue:
         return Glue("eager", pre, _mhc_post, head, pre_scaled, head_scaled)
     if mode == "compile":
         # One compiled entry per (function, batch size): a worker holding sessions for several
-        # concurrencies would pass Dynamo's default limit of 8 and silently run eager. Raise the
-        # limit, and make hitting it an error rather than a silent fallback.
-        dyn = torch._dynamo.config
-        dyn.recompile_limit = max(getattr(dyn, "recompile_limit", 8), 64)
-        if hasattr(dyn, "fail_on_recompile_limit_hit"):
-            dyn.fail_on_recompile_limit_hit = True
+        # concurrencies would pass Dynamo's default limit of 8
+        raise_recompile_limit(64)
 
         def comp(fn):
             return torch.compile(fn, fullgraph=True, dynamic=False)

@@ -111,7 +111,7 @@ KNOBS: tuple[Knob, ...] = (
               "weights (the weights are stored stacked either way: a free switch)"),
     Knob("step_compile", ("off", "inductor"), "off", "recompile", ("global",),
          ("elementwise", "reduce", "norm", "copy_cast", "other"), {},
-         help="torch.compile (Inductor, default mode, static shapes) of the whole decode step: the "
+         help="torch.compile (Inductor, default mode) of the whole decode step, sampling included: the "
               "torch code between the Triton kernels (norms, RoPE, casts, cache writes, index "
               "building, routing) fused into few kernels; the Triton kernels stay opaque (graph "
               "breaks). Each new configuration is a new compile (two: batch 1, and a symbolic batch)"),

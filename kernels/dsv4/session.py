@@ -28,7 +28,7 @@ import torch
 from dsv4.cache import DecodeCache
 from dsv4.config import DecodeConfig
 from dsv4.device import capabilities, device_info
-from dsv4.glue import Glue, make_glue
+from dsv4.glue import Glue, make_glue, raise_recompile_limit
 from dsv4.knobs import KNOB_BY_NAME, KNOBS, unmet_requirement
 from dsv4.model import BREAKABLE_OPS, ModelState, decode_forward, make_plans
 from dsv4.sections import section
@@ -110,16 +110,9 @@ def step_function(cfg: DecodeConfig):
         raise ValueError(f"step_compile=inductor cannot compile moe_experts=loop (layers {loops}): "
                          f"the loop reads expert counts on the host, so Dynamo would recompile it "
                          f"at nearly every step; use moe_experts=grouped or triton_grouped")
-    dyn = torch._dynamo.config
-    # every configuration x batch size x layer class is one entry per compiled frame: a search
-    # passes Dynamo's default limit (8) quickly; hitting the raised one is an error, never a
-    # silent fall back to eager
-    dyn.recompile_limit = max(dyn.recompile_limit, STEP_COMPILE_RECOMPILE_LIMIT)
-    if hasattr(dyn, "accumulated_recompile_limit"):
-        dyn.accumulated_recompile_limit = max(dyn.accumulated_recompile_limit,
-                                              4 * STEP_COMPILE_RECOMPILE_LIMIT)
-    if hasattr(dyn, "fail_on_recompile_limit_hit"):
-        dyn.fail_on_recompile_limit_hit = True
+    # every configuration adds entries (batch 1, symbolic batch): a search passes Dynamo's default
+    # limit of 8 quickly
+    raise_recompile_limit(STEP_COMPILE_RECOMPILE_LIMIT)
     # dynamic=None: the first batch size compiles static, the next one compiles a graph with a
     # symbolic batch that every later size reuses (batch 1 always keeps its own specialisation)
     return torch.compile(decode_and_sample)
