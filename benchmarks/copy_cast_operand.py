@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "copy_cast_operand.json"))
     args = ap.parse_args()
-    from autoopt.targets.builtin import BuiltinTarget
+    from autoopt.targets.builtin.target import BuiltinTarget
 
     target = BuiltinTarget("tiny", args.device, shape={"hidden": 4096}, guard=False, warmup_steps=1)
     runs: dict[str, list[dict]] = {op: [] for op in OPERANDS}

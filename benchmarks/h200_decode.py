@@ -2,7 +2,7 @@
 from it, the best configuration `autoopt run` found (an exported config.yaml), and
 torch.compile(mode="max-autotune") of the starting point — tok/s with CI, MBU and profile buckets at
 each concurrency. Builds, checks (correctness guard) and times everything in ONE process, through the
-same measurement code the worker uses (autoopt.measure.measure_request).
+same measurement code the worker uses (autoopt.targets.builtin.measure.measure_request).
 
     python benchmarks/h200_decode.py --preset flash-slice --concurrency 1,16,64 \
         [--best config.yaml] [--only start,attention=mma] [--no-compile] [--traces DIR] \
@@ -82,7 +82,7 @@ TRACE_LABELS = {"start": "before", "mhc_gemm=bf16 (cast_from_fp32)": "after",
 
 def _save_trace(state: Any, batch: int, path: Path, device: str) -> None:
     """One decode step of the session just measured, as a Chrome trace (gzipped)."""
-    from autoopt.profile import capture
+    from autoopt.profile.trace import capture
 
     sess = state.sessions.get(batch)
     if sess is None:
@@ -97,9 +97,9 @@ def _save_trace(state: Any, batch: int, path: Path, device: str) -> None:
 
 def _measure(state: Any, preset: str, shape: dict[str, Any], knobs: dict[str, Any],
              layer_overrides: list, conc: list[int], profile_c: int, samples: int) -> dict[str, Any]:
-    from autoopt.measure import measure_request
-    from autoopt.results import Measurement
-    from autoopt.worker import classify
+    from autoopt.targets.builtin.evaluate import measure_request
+    from autoopt.measurement import Measurement
+    from autoopt.targets.builtin.worker import classify
 
     req = {"preset": preset, "shape": shape, "config": {**knobs, "layer_overrides": layer_overrides},
            "concurrency": conc, "profile": True, "profile_concurrency": profile_c, "profile_steps": 3,
@@ -127,8 +127,8 @@ def _compile_start(preset: str, shape: dict[str, Any], conc: list[int], samples:
     import torch
     from torch._dynamo.utils import counters
 
-    from autoopt.measure import device_bandwidth, synchronize, time_steps
-    from autoopt.results import Measurement, throughput_from_step_times
+    from autoopt.targets.builtin.measure import device_bandwidth, synchronize, time_steps
+    from autoopt.measurement import Measurement, throughput_from_step_times
     from dsv4.config import preset as make_preset
     from dsv4.model import decode_forward
     from dsv4.roofline import bytes_per_step
@@ -220,7 +220,7 @@ def main() -> None:
 
     import torch
 
-    from autoopt.worker import WorkerState
+    from autoopt.targets.builtin.worker import WorkerState
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("h200_decode.py: no CUDA GPU here (use --device cpu --preset tiny to check the script)")
@@ -236,7 +236,7 @@ def main() -> None:
                      f"{[lbl for lbl, _ in SINGLE_CHANGES]}")
         todo = [(lbl, k) for lbl, k in SINGLE_CHANGES if lbl in wanted]
     if args.best:
-        from autoopt.config_file import load_config_file
+        from autoopt.targets.builtin.config_file import load_config_file
 
         loaded = load_config_file(args.best)
         todo = todo + [(f"best (autoopt run: {Path(args.best).name})", dict(loaded.knobs),
@@ -272,7 +272,7 @@ def main() -> None:
             doc = _compile_start(args.preset, shape, conc, args.samples, args.compile_mode, args.device,
                                  args.compile_warmup_s)
         except Exception as exc:  # recorded as a failed row, with its reason
-            from autoopt.results import Measurement
+            from autoopt.measurement import Measurement
 
             doc = Measurement.failed({"torch.compile": args.compile_mode}, "compile",
                                      f"{type(exc).__name__}: {exc}",

@@ -41,12 +41,12 @@ def _changed(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def build_table(db: str, study: str, space_name: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    from autoopt.space import SearchSpace
+    from autoopt.targets.declared import load_declared
     from autoopt.store import Store
 
     store = Store.open(db, create=False)
     records = sorted(store.trials(study), key=lambda r: r.number)
-    space = SearchSpace.load(space_name)
+    space = load_declared(space_name)
     knobs = [p.name for p in space.params]
     knob_buckets = {k.name: tuple(k.buckets) for k in space.knobs}
     knob_priors = {k.name: k.prior_speedup for k in space.knobs}
@@ -54,7 +54,7 @@ def build_table(db: str, study: str, space_name: str) -> tuple[list[dict[str, An
     rows, apply_by_knob = [], {k: [] for k in knobs}
     prev: dict[str, Any] | None = None
     for r in records:
-        if r.state not in ("ok", "wrong", "failed") or r.decision.get("source") == "confirm":
+        if r.state not in ("ok", "wrong", "failed") or (r.decision is not None and r.decision.source == "confirm"):
             continue
         m = r.measurement
         row: dict[str, Any] = {k: r.params.get(k) for k in knobs}

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoopt.results import Measurement, throughput_from_step_times
-from autoopt.strategy import Decision
+from autoopt.measurement import Measurement, throughput_from_step_times
+from autoopt.trial import CostEstimate, Decision, Diagnosis, TrialResult
 
 STUDY = "dsv4-tiny"
 ENV = {"hostname": "gpu-box", "cpu": "Xeon", "cpu_count": 64, "device": "cuda", "gpu_name": "NVIDIA H200",
@@ -46,15 +46,27 @@ def measurement(params: dict[str, Any], tok: dict[int, float], *, spread: float 
         environment=dict(env or ENV))
 
 
+def result_at_16(m: Measurement, **fields: Any) -> TrialResult:
+    """What the loop makes of `m` for an objective of tok/s at C=16 (the store writes it as given)."""
+    tp = m.tok_per_s.get("16") if m.ok else None
+    costs = m.costs_s
+    return TrialResult(state=m.status, objective=tp.median if tp else None,
+                       objective_ci=(tp.ci_low, tp.ci_high) if tp else None,
+                       objective_name="tok_per_s@16", objective_text="tok/s at C=16",
+                       cost_s=costs.get("total", 0.0),
+                       transition_s=sum(costs.get(k, 0.0) for k in ("restart", "build", "compile")),
+                       **fields)
+
+
 def run_trial(store: Any, run_id: int, params: dict[str, Any], m: Measurement, *, source: str,
-              reason: str, study: str = STUDY, expected_gain: float | None = None,
-              extra: dict[str, Any] | None = None) -> Any:
+              reason: str, study: str = STUDY, expected_gain: float | None = None, **fields: Any) -> Any:
     d = Decision(params=dict(params), source=source, reason=reason, expected_gain=expected_gain,
-                 expected_gain_sd=0.02 if expected_gain is not None else None, expected_cost_s=190.0)
+                 expected_gain_sd=0.02 if expected_gain is not None else None,
+                 expected_cost=CostEstimate(transition_s=150.0, measure_s=40.0, restart_class="restart"))
     h = store.begin_trial(run_id, study, params, dict(params), d,
                           distributions={"mhc_gemm": ["fp32", "bf16"],
                                          "mhc_operand": ["cast", "view_bf16_residual"]})
-    return store.finish_trial(h, m, m.objective(16) if m.ok else None, extra)
+    return store.finish_trial(h, m, result_at_16(m, **fields))
 
 
 def build_case_study(store: Any, study: str = STUDY, *, significant_winner: bool = True) -> int:
@@ -70,9 +82,8 @@ def build_case_study(store: Any, study: str = STUDY, *, significant_winner: bool
     run_trial(store, run_id, cast, measurement(cast, {1: 33.4, 16: 63.07, 64: 63.07}, spread=0.03,
                                                buckets=CAST_BUCKETS),
               source="profile:gemm_simt", reason="GEMM is 19% of GPU time", expected_gain=0.15,
-              extra={"actual_gain": 0.018, "transition_s": 95.0, "cost_s": 190.0,
-                     "diagnosis": {"verdict": "GEMM -505 ms, casts +310 ms: the casts ate 61% of the gain",
-                                   "against": 0}})
+              diagnosis=Diagnosis("GEMM -505 ms, casts +310 ms: the casts ate 61% of the gain", against=0,
+                                  actual_gain=0.018))
     winner = 69.5 if significant_winner else 62.3
     run_trial(store, run_id, view, measurement(view, {1: 35.0, 16: winner, 64: 70.1}, buckets=VIEW_BUCKETS),
               source="neighbour", reason="use the bf16 view instead of the round trip", expected_gain=0.08)
@@ -82,7 +93,7 @@ def build_case_study(store: Any, study: str = STUDY, *, significant_winner: bool
                            environment=dict(ENV))
     h = store.begin_trial(run_id, study, {"mhc_gemm": "bf16", "mhc_operand": "cast"}, oom,
                           Decision(oom, "sampler:tpe", "explore"))
-    store.finish_trial(h, m, None)
+    store.finish_trial(h, m, result_at_16(m))
     wrong = measurement(base, {16: 80.0}, status="wrong",
                         correctness={"verdict": "wrong", "logits_rel_err": 0.4, "token_agreement": 0.2})
     run_trial(store, run_id, base, wrong, source="sampler:tpe", reason="explore")

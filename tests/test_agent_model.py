@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoopt.agent.buckets import BucketModel
-from autoopt.agent.failure import FailureModel
-from autoopt.agent.model import GainModel, expected_improvement, value_correlations
-from autoopt.agent.view import SpaceView
-from autoopt.targets.replay import ReplayTarget, replay_space
+from autoopt.search.agent.buckets import BucketModel
+from autoopt.search.agent.failure import FailureModel
+from autoopt.search.agent.model import GainModel, expected_improvement, value_correlations
+from autoopt.search.agent.view import SpaceView
+from autoopt.targets.replay.target import ReplayTarget, replay_space
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "replay"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import random
 
-from autoopt.agent.noise import NoiseTracker, measurement_sd
+from autoopt.search.agent.noise import NoiseTracker, measurement_sd
 
 
 def ci(v, rel):

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoopt.agent.buckets import BucketModel
-from autoopt.agent.choose import Chooser
-from autoopt.agent.cost import CostModel
-from autoopt.agent.failure import FailureModel
-from autoopt.agent.model import GainModel
-from autoopt.agent.propose import Candidate, Proposer, SamplerMirror
-from autoopt.agent.view import SpaceView
-from autoopt.targets.replay import ReplayTarget, replay_space
+from autoopt.search.agent.buckets import BucketModel
+from autoopt.search.agent.choose import Chooser
+from autoopt.search.cost import CostModel
+from autoopt.search.agent.failure import FailureModel
+from autoopt.search.agent.model import GainModel
+from autoopt.search.agent.propose import Candidate, Proposer, SamplerMirror
+from autoopt.search.agent.view import SpaceView
+from autoopt.targets.replay.target import ReplayTarget, replay_space
 
 CASE = Path(__file__).resolve().parent / "fixtures" / "replay" / "casestudy.csv"
 
@@ -85,9 +85,9 @@ def test_candidates_come_from_all_three_sources(case):
 
 
 def test_constraints_of_the_space_are_respected():
-    from autoopt.space import SearchSpace
+    from autoopt.targets.declared import load_declared
 
-    space = SearchSpace.load("dsv4_tiny_cpu")
+    space = load_declared("dsv4_tiny_cpu")
     view = SpaceView(space)
     prop = Proposer(view, seed=0)
     cands = prop.candidates([(view.base_code, 0.0)], view.base_code, {}, view.base_code, [],
@@ -97,24 +97,24 @@ def test_constraints_of_the_space_are_respected():
 
 def _chooser(view, target):
     gp = GainModel(view)
-    costs = CostModel(view, default_measure_s=120)
-    return Chooser(view, gp, costs, FailureModel(view)), gp
+    costs = CostModel(view.space, default_measure_s=120)
+    return Chooser(view, gp, FailureModel(view)), gp, costs
 
 
 def test_equal_gain_the_cheaper_candidate_wins(case):
     target, view = case
-    ch, gp = _chooser(view, target)
+    ch, gp, costs = _chooser(view, target)
     gp.fit(view.base_code[None, :], np.zeros(1), np.full(1, 0.01))
     runtime = Candidate(code(view, moe_experts="grouped"), "neighbour")
     restart = Candidate(code(view, cuda_graphs="on"), "neighbour")
-    ranked = ch.rank([restart, runtime], view.base_code, 0.0, view.base_code, lambda c: None, set())
+    ranked = ch.rank([restart, runtime], view.base_code, 0.0, view.base_code, lambda c: None, set(), costs)
     assert ranked[0].cand is runtime and ranked[0].worth == pytest.approx(ranked[1].worth, rel=1e-6)
     assert ranked[0].rate > 2 * ranked[1].rate
 
 
 def test_failure_odds_discount_a_candidate(case):
     target, view = case
-    ch, gp = _chooser(view, target)
+    ch, gp, costs = _chooser(view, target)
     gp.fit(view.base_code[None, :], np.zeros(1), np.full(1, 0.01))
     bad = code(view, indexer_gemm="fp8", cuda_graphs="on")
     for extra in ({}, {"moe_experts": "grouped"}, {"glue": "compile"}):
@@ -123,16 +123,49 @@ def test_failure_odds_discount_a_candidate(case):
         ch.failures.add(code(view, **good), failed=False)
     ok = code(view, indexer_gemm="bf16", cuda_graphs="on")
     ranked = {tuple(s.code): s for s in ch.rank([Candidate(bad, "n"), Candidate(ok, "n")], view.base_code,
-                                                0.0, view.base_code, lambda c: None, set())}
+                                                0.0, view.base_code, lambda c: None, set(), costs)}
     assert ranked[tuple(bad)].p_fail > 0.5 > ranked[tuple(ok)].p_fail
     assert ranked[tuple(bad)].rate < ranked[tuple(ok)].rate
 
 
 def test_a_build_is_worth_more_with_cheap_runtime_variants_to_try_in_it(case):
     target, view = case
-    ch, gp = _chooser(view, target)
+    ch, gp, costs = _chooser(view, target)
     gp.fit(view.base_code[None, :], np.zeros(1), np.full(1, 0.01))
     opening = Candidate(code(view, cuda_graphs="on"), "neighbour")
-    ranked = ch.rank([opening], view.base_code, 0.0, view.base_code, lambda c: None, set())
+    ranked = ch.rank([opening], view.base_code, 0.0, view.base_code, lambda c: None, set(), costs)
     alone = ranked[0].worth / ranked[0].cost.total_s
     assert ranked[0].batch >= 1 and ranked[0].rate > alone
+
+
+def test_the_odds_cap_is_earned_by_calls_as_sure_as_the_one_capped(case):
+    """A miss among the 80%-sure calls does not cap a 99.9%-sure one; fifty 99.9%-sure calls that came
+    true lift its cap above ODDS_CAP, and ones that did not keep it down."""
+    from autoopt.search.agent.failure import MAX_ODDS, ODDS_CAP
+
+    _, view = case
+    fm = FailureModel(view)
+    assert fm.caps(np.array([0.9999]))[0] == pytest.approx(ODDS_CAP)  # nothing earned yet
+    fm.score(0.85, failed=False)
+    for _ in range(50):
+        fm.score(0.9999, failed=True)
+    cap_sure, cap_loose = fm.caps(np.array([0.9999, 0.85]))
+    assert cap_sure > 0.99 and cap_sure <= MAX_ODDS
+    assert cap_loose < cap_sure
+    wrong = FailureModel(view)
+    for i in range(50):
+        wrong.score(0.9999, failed=i % 2 == 0)
+    assert wrong.caps(np.array([0.9999]))[0] < ODDS_CAP
+
+
+def test_every_two_knob_move_of_the_incumbent_is_a_candidate(case):
+    """Two block sizes whose product is what counts: a two-knob move that no one-knob move leads to
+    is among the candidates (all of them, up to PAIRS_ALL), each exactly two knobs away."""
+    _, view = case
+    prop = Proposer(view, seed=0)
+    ref = view.base_code
+    pairs = prop._two_knob(ref)
+    alt = view.n_choices[view.n_choices > 1] - 1
+    expected = (int(alt.sum()) ** 2 - int((alt * alt).sum())) // 2
+    assert len(pairs) == expected == len({tuple(r) for r in pairs})
+    assert ((pairs != ref[None, :]).sum(axis=1) == 2).all()

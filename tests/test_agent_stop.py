@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from autoopt.agent.cost import CostEstimate
-from autoopt.agent.stop import DEFAULT_MIN_GAIN, MinGain, StopRule, fmt_s
+from autoopt.search.agent.stop import DEFAULT_MIN_GAIN, MinGain, StopRule
+from autoopt.trial import CostEstimate
 from autoopt.errors import UserError
 
 
@@ -57,8 +57,8 @@ def test_stop_reason_reads_like_the_case_study():
     rule = StopRule("1%/10min")
     pick, why = rule.check([cand(0.004, gain=0.031, sd=0.02)], budget_left_s=7200, reserve_s=300)
     assert pick is None
-    assert why.startswith("best candidate glue=compile +3.1% ± 2.0% (worth +0.4%) for 8.0 min "
-                          "(restart 5.0 min + measure 3.0 min)")
+    assert why.startswith("best candidate glue=compile +3.1% ± 2.0% (worth +0.4%) for 8m00s "
+                          "(restart 5m00s + measure 3m00s)")
     assert why.endswith("< 1%/10min: stopping")
 
 
@@ -77,10 +77,6 @@ def test_budget_must_fit_the_candidate_and_the_final_confirmation():
 def test_nothing_left_is_a_stop():
     pick, why = StopRule().check([], 1000, 0)
     assert pick is None and "nothing left" in why
-
-
-def test_fmt_s():
-    assert fmt_s(45) == "45 s" and fmt_s(480) == "8.0 min" and fmt_s(7200) == "2.0 h"
 
 
 def test_too_few_measurements_to_stop_on_explore_a_cheap_candidate():

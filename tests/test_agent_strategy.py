@@ -5,15 +5,17 @@ from pathlib import Path
 
 import pytest
 
-from autoopt import strategies
-from autoopt.agent.diagnosis import diagnose_trial
-from autoopt.agent.strategy import AgentStrategy
-from autoopt.bench_search import run_one
-from autoopt.results import Measurement
-from autoopt.strategy import Decision, SearchContext, TrialOutcome
+from autoopt.search import registry as strategies
+from autoopt.search.agent.diagnosis import diagnose_trial
+from autoopt.search.agent.strategy import AgentStrategy
+from autoopt.search.bench import run_one
+from autoopt.measurement import Measurement
+from autoopt.search.cost import CostModel
+from autoopt.search.strategy import Decision, SearchContext, TrialOutcome
+from autoopt.trial import TrialResult
 from autoopt.targets.base import EvalRequest
-from autoopt.targets.replay import ReplayTarget, replay_space
-from autoopt.targets.replay_table import load_table
+from autoopt.targets.replay.target import ReplayTarget, replay_space
+from autoopt.targets.replay.table import load_table
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "replay"
 
@@ -49,28 +51,38 @@ def test_agent_beats_random_search_on_the_case_study(case_table):
     assert sum(r.reach_s < 1e9 for r in agent) >= sum(r.reach_s < 1e9 for r in rand)
 
 
+def result(space, m, cost_s, transition_s=0.0):
+    obj = space.objective.value(m)
+    return TrialResult(m.status, obj, space.objective.ci(m), cost_s=cost_s, transition_s=transition_s)
+
+
 def _drive(table, seed: int, budget_s: float, **options):
-    """The agent against a replay target without the loop: every decision it makes, in order."""
+    """The agent against a replay target without the loop (what the loop does for it here: the one
+    cost model taught once per trial, the diagnosis made once): every decision it makes, in order."""
     target = ReplayTarget(table, seed=seed)
     space = replay_space(target)
     agent = AgentStrategy(space, seed=seed, **options)
+    costs = CostModel(space)
     history: list[TrialOutcome] = []
     decisions = []
+    built = None
     while True:
-        ctx = SearchContext(space, target, list(history), budget_s - target.now(), 0.0,
-                            history[-1].params if history else None)
+        ctx = SearchContext(space, target, list(history), budget_s - target.now(), 0.0, built, costs)
         d = agent.propose(ctx)
         if not isinstance(d, Decision):
             return agent, decisions, d, history
         decisions.append(d)
+        config = space.params_to_config(d.params)
+        estimate = costs.estimate(built, d.params, target.transition(config))
         t0 = target.now()
-        m = target.evaluate(EvalRequest(space.params_to_config(d.params), tuple(space.concurrency),
-                                        min_samples=10))
-        obj = space.objective.value(m)
-        out = TrialOutcome(len(history), d.params, m, obj, space.objective.ci(m), target.now() - t0,
-                           sum(m.costs_s.get(k, 0.0) for k in ("restart", "build", "compile")), d)
+        m = target.evaluate(EvalRequest(config, tuple(space.concurrency), min_samples=10))
+        out = TrialOutcome(len(history), d.params, m, result(
+            space, m, target.now() - t0, sum(m.costs_s.get(k, 0.0) for k in ("restart", "build", "compile"))), d)
+        out.result.diagnosis = agent.diagnose(out, history)
+        costs.observe(built, d.params, out.result, estimate)
+        built = dict(d.params) if out.result.ok else None
         history.append(out)
-        agent.observe(out, SearchContext(space, target, list(history), budget_s - target.now(), 0.0, d.params))
+        agent.observe(out, SearchContext(space, target, list(history), budget_s - target.now(), 0.0, built, costs))
 
 
 def test_every_decision_says_where_it_comes_from_what_it_expects_and_costs(case_table):
@@ -81,7 +93,7 @@ def test_every_decision_says_where_it_comes_from_what_it_expects_and_costs(case_
     for d in search:
         assert d.source.split(":")[0] in ("sampler", "profile", "neighbour", "scan")
         assert d.reason and d.expected_gain is not None and d.expected_gain_sd is not None
-        assert d.expected_cost_s and d.expected_cost_s > 0 and "parent" in d.extra
+        assert d.expected_cost_s and d.expected_cost_s > 0 and d.parent is not None
         assert "expected" in d.reason and ("measure" in d.reason)
     assert any(d.source.startswith("profile:") for d in search)
     assert stop.reason.endswith("< 1%/10min: stopping") or stop.reason.startswith("budget")
@@ -127,8 +139,8 @@ def test_a_real_small_gain_is_declared_after_interleaved_repeats(tmp_path):
         repeated += bool(reps)
         assert all("inside the noise" in d.reason for d in reps)
         if reps:
-            assert reps[0].extra["repeat_of"] == "challenger"  # its first, selecting look does not count
-        kinds |= {d.extra["repeat_of"] for d in reps}
+            assert reps[0].notes["repeat_of"] == "challenger"  # its first, selecting look does not count
+        kinds |= {d.notes["repeat_of"] for d in reps}
     assert found >= 4 and repeated >= 3 and kinds == {"challenger", "incumbent"}  # interleaved
 
 
@@ -140,9 +152,8 @@ def test_diagnosis_names_the_casts_that_ate_the_gain():
 
     def outcome(n, params, pred=None):
         m = target.evaluate(EvalRequest(space.params_to_config(params), (64,)))
-        d = Decision(params, "profile:gemm_simt", "x", expected_gain=pred, expected_gain_sd=0.03,
-                     extra={"parent": 0})
-        return TrialOutcome(n, params, m, space.objective.value(m), space.objective.ci(m), 1.0, 0.0, d)
+        d = Decision(params, "profile:gemm_simt", "x", expected_gain=pred, expected_gain_sd=0.03, parent=0)
+        return TrialOutcome(n, params, m, result(space, m, 1.0), d)
 
     parent, child = outcome(0, base), outcome(1, flip, pred=0.08)
     diag = diagnose_trial(child, parent)
@@ -153,8 +164,8 @@ def test_diagnosis_names_the_casts_that_ate_the_gain():
     parent.measurement.bucket_coverage, child.measurement.bucket_coverage = 0.08, 0.09
     assert "host-bound: the profiled work covers 8% -> 9% of the step's wall time" in \
         diagnose_trial(child, parent).line
-    failed = TrialOutcome(2, flip, Measurement.failed({}, "crash", "segfault"), None, None, 1.0, 0.0,
-                          Decision(flip, "neighbour", "x", expected_gain=0.01))
+    crash = Measurement.failed({}, "crash", "segfault")
+    failed = TrialOutcome(2, flip, crash, result(space, crash, 1.0), Decision(flip, "neighbour", "x", expected_gain=0.01))
     assert diagnose_trial(failed, parent).line.startswith("failed (crash: segfault)")
 
 
@@ -166,10 +177,10 @@ def test_grid_visits_every_valid_point_once_dearest_knobs_slowest():
     history: list[TrialOutcome] = []
     seen = []
     for _ in range(40):
-        d = grid.propose(SearchContext(space, target, list(history), 1e9, 0.0, None))
+        d = grid.propose(SearchContext(space, target, list(history), 1e9, 0.0, None, CostModel(space)))
         seen.append(d.params)
-        history.append(TrialOutcome(len(history), d.params, Measurement.failed({}, "excluded", "x"), None,
-                                    None, 0.0, 0.0, d))
+        excluded = Measurement.failed({}, "excluded", "x")
+        history.append(TrialOutcome(len(history), d.params, excluded, result(space, excluded, 0.0), d))
     assert seen[0] == space.baseline_params()
     keys = [tuple(sorted(p.items())) for p in seen]
     assert len(set(keys)) == len(keys)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from autoopt.bench_search import RunStats, _quantiles, bench, render, run_one, summarize, to_json
-from autoopt.targets.replay_table import load_table
+from autoopt.search.bench import RunStats, _quantiles, bench, render, run_one, summarize, to_json
+from autoopt.targets.replay.table import load_table
 from cli_helpers import run_autoopt
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "replay"
@@ -79,3 +79,22 @@ def test_cli_bench_search(tmp_path):
     assert out.returncode == 2 and "nope" in out.stderr
     out = run_autoopt("bench-search", str(tmp_path / "missing.csv"), "--seeds", "1")
     assert out.returncode == 2 and "does not exist" in out.stderr
+
+
+def test_a_run_that_the_budget_ends_did_not_stop_itself():
+    """Stopped itself means the strategy judged nothing left worth its cost: the agent declining its
+    next trial because 3 minutes are left and it needs 8 is the budget ending, not a stop, and is
+    not counted among the runs whose stop must land within 1% (issue 14); the same table with time to
+    spare is a stop."""
+    table = load_table(FIX / "casestudy.csv")
+    short = run_one(table, "agent", 0, 600.0)
+    assert short.stop_reason.startswith("strategy stopped: budget") and short.elapsed_s < 600.0
+    assert not short.stopped_early
+    long = run_one(table, "agent", 0, 4 * 3600.0)
+    assert long.stopped_early and not long.stop_reason.startswith("strategy stopped: budget")
+
+
+def test_bench_runs_the_seeds_it_is_given():
+    """Develop on some seeds, report on others: first_seed moves the whole range."""
+    result = bench([str(KT)], ("random",), seeds=2, budget_s=120.0, first_seed=100)
+    assert sorted(r["seed"] for r in result["runs"]) == [100, 101] and result["first_seed"] == 100

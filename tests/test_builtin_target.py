@@ -9,8 +9,8 @@ import pytest
 import dsv4
 from autoopt.errors import UserError
 from autoopt.targets.base import EvalRequest
-from autoopt.targets.builtin import BuiltinTarget, parse_shape
-from autoopt.worker_client import WorkerClient, WorkerFailure
+from autoopt.targets.builtin.target import BuiltinTarget, parse_shape
+from autoopt.targets.builtin.client import WorkerClient, WorkerFailure
 from conftest import HAS_CUDA
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -94,7 +94,7 @@ def test_evaluate_baseline_and_transitions(target):
 
     # now the transitions are relative to the live worker
     same = target.transition(target.baseline())
-    assert same.restart_class == "none" and same.changed_knobs == () and same.expected_s == 0.0
+    assert same.restart_class == "none" and same.changed_knobs == () and same.known_s is None
     none_switch = target.transition({"mhc_gemm": "bf16", "mhc_operand": "view_bf16_residual"})
     assert none_switch.restart_class == "none" and set(none_switch.changed_knobs) == {"mhc_gemm", "mhc_operand"}
     recompile = target.transition({"attention": "mma"})
@@ -114,7 +114,7 @@ def test_evaluate_baseline_and_transitions(target):
     assert "mma" in m2.what_ran["attention[c4]"]
     assert target.workers_started == started  # same worker, reconfigured in place
     back = target.transition(target.baseline())
-    assert back.restart_class == "recompile" and back.cached and back.expected_s == 0.0
+    assert back.restart_class == "recompile" and back.cached and back.known_s is None
 
 
 def test_model_shape_change_needs_a_new_worker():

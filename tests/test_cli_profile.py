@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autoopt.cli import app
-from autoopt.profile_rules import BUCKETS
+from autoopt.profile.rules import BUCKETS
 from test_profile_trace import GpuTraceBuilder, case_study_trace
 
 FIX = Path(__file__).parent / "fixtures" / "traces"
@@ -33,7 +33,8 @@ def test_json_single_trace():
     res = runner.invoke(app, ["profile", str(FP32), "--json", "--top", "3"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert set(doc) == {"traces", "delta_ms", "verdict"}
+    assert set(doc) == {"traces", "delta_ms", "verdict", "wall_per_step_ms",
+                        "wall_rose_while_kernels_fell"}
     assert doc["delta_ms"] == {} and doc["verdict"] is None
     t = doc["traces"][str(FP32)]
     assert {"buckets_ms", "kernel_count", "total_ms", "coverage"} <= set(t)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autoopt.run_session import open_target
+from autoopt.search.session import open_target
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "benchmarks" / "data" / "tiny_cpu_grid.csv"
@@ -23,7 +23,7 @@ def test_restart_s_option_sets_the_simulated_switch_cost():
                          {"restart_s": {"attention": 45.0}, "measure_s": 7.0})
     base = target.baseline()
     flipped = dict(base, attention="mma" if base["attention"] == "per_head" else "per_head")
-    assert target.transition(flipped).expected_s == 45.0
+    assert target.transition(flipped).known_s == 45.0
     assert target.measure_s == 7.0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from autoopt.config_file import LoadedConfig, load_config_file, write_export
+from autoopt.targets.builtin.config_file import LoadedConfig, load_config_file, write_export
 from autoopt.errors import UserError
 
 
@@ -22,6 +22,7 @@ def _export_doc() -> dict:
 
 
 def test_full_export_round_trips(tmp_path):
+    (tmp_path / "out").mkdir()
     path = write_export(tmp_path / "out" / "config.yaml", _export_doc())
     text = path.read_text()
     assert text.startswith("autoopt_export: 1\n")  # the marker first, so a person sees what it is
@@ -114,3 +115,11 @@ def test_errors_name_file_key_and_expectation(tmp_path, body, must_say):
 def test_missing_file_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="cannot read config file"):
         load_config_file(tmp_path / "nope.yaml")
+
+
+def test_an_export_with_bests_warnings_loads(tmp_path):
+    """`autoopt best --export` writes what it warned about beside the winner (a confirmation that
+    disagreed, ...); the file must still load (on the H200 `h200_decode.py --best` refused it)."""
+    doc = _export_doc() | {"warnings": ["the confirmation #17 measured -6.6% against #3"]}
+    loaded = load_config_file(write_export(tmp_path / "config.yaml", doc))
+    assert loaded.raw["warnings"] == doc["warnings"] and loaded.knobs["mhc_gemm"] == "bf16"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from autoopt.diagnose import compare, fmt_ms
-from autoopt.profile import profile_trace
+from autoopt.profile.diff import compare, fmt_ms
+from autoopt.profile.trace import profile_trace
 from test_profile_trace import case_study_trace
 
 FIX = Path(__file__).parent / "fixtures" / "traces"

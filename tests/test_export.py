@@ -1,7 +1,6 @@
 """The pure parts: objective parsing, speed-up intervals, the best-trial rule, and the export document."""
 from __future__ import annotations
 
-import sys
 from datetime import datetime
 
 import pytest
@@ -9,10 +8,12 @@ import yaml
 from store_helpers import ENV, measurement
 
 from autoopt.errors import UserError
-from autoopt.export import build_export, expand_layers, split_config, write_export
-from autoopt.results import Measurement, Throughput
+from autoopt.store.export import build_export, expand_layers, split_config
+from autoopt.targets.builtin.config_file import write_export
+from autoopt.measurement import Measurement, Throughput
 from autoopt.store import RunRecord, TrialRecord
 from autoopt.store import analysis as an
+from autoopt.trial import Decision, TrialResult
 
 T0 = datetime(2025, 1, 1, 12, 0, 0)
 
@@ -24,10 +25,10 @@ def record(number: int, tok: dict[int, float], *, state: str = "ok", spread: flo
     if state == "failed":
         m = Measurement.failed(params, "crash", "segfault in the worker")
     return TrialRecord(study="s", number=number, trial_id=100 + number, state=state, params=params,
-                       config=config or dict(params), measurement=m, objective=None, objective_ci=None,
-                       decision={"source": "baseline" if baseline else "sampler:tpe"}, extra={},
-                       started_at=T0, finished_at=T0, run_id=1, objective_name="tok_per_s@16",
-                       is_baseline=baseline)
+                       config=config or dict(params), measurement=m,
+                       decision=Decision(params, "baseline" if baseline else "sampler:tpe", ""),
+                       result=TrialResult(state, None, objective_name="tok_per_s@16"),
+                       started_at=T0, finished_at=T0, run_id=1, is_baseline=baseline)
 
 
 RUN = RunRecord(id=1, study="s", state="finished", stop_reason="budget spent", command_line="autoopt run",
@@ -47,7 +48,7 @@ def test_parse_and_resolve_objective():
     assert an.resolve_objective(None, trials, [RUN]) == 16  # the run's settings
     mix = RunRecord(**{**RUN.__dict__, "settings": {"objective_concurrency": 64}})
     assert an.resolve_objective(None, trials, [mix]) == 64
-    trials[0].objective_name = None
+    trials[0].result.objective_name = None
     with pytest.raises(UserError, match=r"measured: 1, 16\): pass --objective"):
         an.resolve_objective(None, trials, [])
 
@@ -104,9 +105,9 @@ def test_build_export_document():
     cfg = {"mhc_gemm": "bf16", "layer_overrides": [[2, "mhc_operand", "view_bf16_residual"]]}
     best = record(2, {1: 35.0, 16: 69.5}, config=cfg)
     doc = build_export(best, base, RUN)
-    assert list(doc) == ["autoopt_export", "target", "preset", "knobs", "layers", "space", "environment",
-                         "evidence", "autoopt_version"]
-    assert (doc["autoopt_export"], doc["target"], doc["preset"]) == (1, "builtin", "flash-slice")
+    assert list(doc) == ["target", "preset", "knobs", "layers", "space", "environment", "evidence",
+                         "autoopt_version"]
+    assert (doc["target"], doc["preset"]) == ("builtin", "flash-slice")
     assert doc["knobs"] == {"mhc_gemm": "bf16"}
     assert doc["layers"] == {0: {}, 1: {}, 2: {"mhc_operand": "view_bf16_residual"}}
     assert doc["space"] == {"name": "dsv4-gemm", "sha256": "cd" * 32} and doc["environment"] == ENV
@@ -126,13 +127,63 @@ def test_build_export_refuses_unsuccessful_trials(state, needle):
         build_export(record(3, {16: 80.0}, state=state), None, RUN)
 
 
-def test_write_export_roundtrip_and_fallback(tmp_path, monkeypatch):
+def test_the_exported_file_reads_back_as_built(tmp_path):
     doc = build_export(record(2, {16: 69.5}), record(0, {16: 62.0}, baseline=True), RUN)
-    path = tmp_path / "config.yaml"
-    write_export(path, doc)
-    assert yaml.safe_load(path.read_text()) == doc
-    monkeypatch.setitem(sys.modules, "autoopt.config_file", None)  # owner's writer missing
-    assert write_export(tmp_path / "fallback.yaml", doc) == "yaml"
-    assert yaml.safe_load((tmp_path / "fallback.yaml").read_text()) == doc
-    with pytest.raises(UserError, match="does not exist"):
-        write_export(tmp_path / "no" / "dir.yaml", doc)
+    path = write_export(tmp_path / "config.yaml", doc)
+    assert yaml.safe_load(path.read_text()) == {"autoopt_export": 1, **doc}
+
+
+@pytest.mark.parametrize("where, needle", [("no/dir.yaml", "does not exist"), ("", "is a directory")])
+def test_export_refuses_a_missing_directory_or_a_directory(tmp_path, where, needle):
+    doc = build_export(record(2, {16: 69.5}), record(0, {16: 62.0}, baseline=True), RUN)
+    with pytest.raises(UserError, match=needle):
+        write_export(tmp_path / where if where else tmp_path, doc)
+    assert not (tmp_path / "no").exists()  # nothing created on the way
+
+
+# ---- a confirmation that disagrees (issue 12 item 4) ---------------------------------------------
+def _study_with_confirmation(tmp_path, confirm_tok: float):
+    from store_helpers import STUDY, build_case_study, result_at_16
+
+    from autoopt.store import Store
+
+    db = tmp_path / "c.sqlite"
+    with Store.open(str(db)) as store:
+        run_id = build_case_study(store)
+        view = {"mhc_gemm": "bf16", "mhc_operand": "view_bf16_residual"}
+        m = measurement(view, {1: 35.0, 16: confirm_tok, 64: 70.1})
+        h = store.begin_trial(run_id, STUDY, view, dict(view),
+                              Decision(view, "confirm", "re-measure the best", confirms=2, parent=2))
+        store.finish_trial(h, m, result_at_16(m))
+    return db, STUDY
+
+
+def test_best_warns_and_refuses_to_export_a_disagreeing_confirmation(tmp_path):
+    import json
+
+    from cli_helpers import run_autoopt
+
+    db, study = _study_with_confirmation(tmp_path, confirm_tok=64.5)  # #2 measured 69.5: CIs apart
+    shown = run_autoopt("best", "--db", str(db), "--study", study, "--json")
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    assert any("confirmation #5 of trial #2 disagrees" in w for w in doc["warnings"]), doc["warnings"]
+    assert doc["export_refused"]
+    out = tmp_path / "best.yaml"
+    refused = run_autoopt("best", "--db", str(db), "--study", study, "--export", str(out))
+    assert refused.returncode == 2 and not out.exists()
+    assert "error: --export" in refused.stderr and "--force" in refused.stderr
+    forced = run_autoopt("best", "--db", str(db), "--study", study, "--export", str(out), "--force")
+    assert forced.returncode == 0, forced.stderr
+    written = yaml.safe_load(out.read_text())
+    assert any("disagrees" in w for w in written["warnings"])
+
+
+def test_an_agreeing_confirmation_exports_without_force(tmp_path):
+    from cli_helpers import run_autoopt
+
+    db, study = _study_with_confirmation(tmp_path, confirm_tok=69.3)
+    out = tmp_path / "best.yaml"
+    done = run_autoopt("best", "--db", str(db), "--study", study, "--export", str(out))
+    assert done.returncode == 0, done.stderr
+    assert not any("disagrees" in w for w in yaml.safe_load(out.read_text())["warnings"])

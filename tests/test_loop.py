@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from autoopt import strategies
-from autoopt.budget import Budget, CostEstimator, format_duration, parse_duration
+from autoopt.search import registry as strategies
+from autoopt.search.budget import Budget
+from autoopt.units import format_duration, parse_duration
 from autoopt.errors import UserError
-from autoopt.live_view import LiveView
-from autoopt.loop import LoopSettings, SearchLoop
-from autoopt.space import SearchSpace, TargetInfo
+from autoopt.cli.live_view import LiveView
+from autoopt.search.loop import LoopSettings, SearchLoop
+from autoopt.space.space import SearchSpace, TargetInfo
 from autoopt.store import Store
-from autoopt.targets.replay import ReplayTarget, replay_space
+from autoopt.targets.replay.target import ReplayTarget, replay_space
 
 TABLE = Path(__file__).resolve().parent / "fixtures" / "replay" / "casestudy.csv"
 
@@ -50,15 +51,6 @@ def test_budget_keeps_the_reserve_back():
     b.set_reserve(1000.0)
     assert b.reserve_s == 30.0  # capped at a quarter of the budget
     assert "kept to confirm the best" in b.why_not(25.0)
-
-
-def test_cost_estimator_learns_medians_per_restart_class():
-    c = CostEstimator(default_measure_s=10.0)
-    assert c.expected_trial_s("restart", declared_transition_s=6.0) == 16.0
-    for t, m in ((2.0, 4.0), (4.0, 6.0), (30.0, 5.0)):
-        c.observe("recompile", t, m)
-    assert c.expected_measure_s() == 5.0 and c.expected_transition_s("recompile") == 4.0
-    assert c.expected_transition_s("rebuild", declared_s=3.0) == 3.0
 
 
 # ---- the strategy registry -----------------------------------------------------------------------
@@ -99,8 +91,8 @@ def test_budget_is_never_overspent_and_the_best_is_confirmed(tmp_path, strategy)
     assert loop.target.now() <= 3600.0 + 1e-6  # simulated seconds, restarts and compiles included
     rows = store.trials("s")
     assert len(rows) == len(result.trials) >= 10
-    assert rows[0].number == 0 and rows[0].is_baseline and rows[0].decision["source"] == "baseline"
-    assert rows[-1].decision["source"] == "confirm"
+    assert rows[0].number == 0 and rows[0].is_baseline and rows[0].decision.source == "baseline"
+    assert rows[-1].decision.source == "confirm"
     assert rows[-1].params == result.best.params
     assert rows[0].state == "ok" and sum(r.state == "ok" for r in rows) >= len(rows) // 2
     assert all(r.state in ("ok", "failed") for r in rows)  # failed: rows the table records as failing
@@ -115,7 +107,7 @@ def test_max_trials_counts_search_trials_and_confirmation_is_extra(tmp_path):
     loop, store = _loop(tmp_path, "random", max_trials=4)
     result = loop.run()
     assert result.stop_reason == "max trials reached (4)"
-    sources = [r.decision["source"] for r in store.trials("s")]
+    sources = [r.decision.source for r in store.trials("s")]
     assert sources[0] == "baseline" and len(sources) in (4, 5)
     assert sources[-1] == "confirm" or result.best is result.baseline
 
@@ -156,7 +148,7 @@ def test_constraints_hold_for_every_proposed_trial(tmp_path):
     loop, store = _loop(tmp_path, "tpe", space=space, target=target, budget_s=1e6)
     result = loop.run()
     assert "exhausted" in result.stop_reason  # 12 feasible of 16: all measured, then a clean stop
-    rows = [r for r in store.trials("s") if r.decision["source"] != "confirm"]
+    rows = [r for r in store.trials("s") if r.decision.source != "confirm"]
     assert len(rows) == 12
     assert all(r.params["mhc_operand"] == "cast_from_fp32" or r.params["mhc_gemm"] == "bf16" for r in rows)
 
@@ -167,7 +159,7 @@ def test_running_trials_of_a_dead_process_are_rerun_first(tmp_path):
     dead = Store.open(str(tmp_path / "t.sqlite"))
     run = dead.start_run("s", "killed", space.name, space.sha256, "replay", None, 3, {})
     h0 = dead.begin_trial(run, "s", space.baseline_params(), space.params_to_config(space.baseline_params()), None)
-    from autoopt.strategy import Decision
+    from autoopt.search.strategy import Decision
 
     params = dict(space.baseline_params(), attention="mma")
     h1 = dead.begin_trial(run, "s", params, space.params_to_config(params),
@@ -178,14 +170,14 @@ def test_running_trials_of_a_dead_process_are_rerun_first(tmp_path):
     result = loop.run()
     rows = store.trials("s")
     assert [r.state for r in rows[:2]] == ["interrupted", "interrupted"]
-    assert rows[2].decision["source"] == "baseline" and rows[2].decision["extra"]["rerun_of"] == 0
-    assert rows[3].decision["source"] == "resume" and rows[3].params == params
-    assert rows[3].decision["extra"]["rerun_of"] == 1
+    assert rows[2].decision.source == "baseline" and rows[2].decision.rerun_of == 0
+    assert rows[3].decision.source == "resume" and rows[3].params == params
+    assert rows[3].decision.rerun_of == 1
     assert result.exit_code == 0
-    # a third run does not re-run them again
-    loop2, store2 = _loop(tmp_path, "random", space=space, target=ReplayTarget(TABLE, seed=4), max_trials=1)
+    # a third run measures its own baseline (every run does) and does not re-run them again
+    loop2, store2 = _loop(tmp_path, "random", space=space, target=ReplayTarget(TABLE, seed=4), max_trials=2)
     loop2.run()
-    assert [r.decision["source"] for r in store2.trials("s")[len(rows):]][0] == "sampler:random"
+    assert [r.decision.source for r in store2.trials("s")[len(rows):]] == ["baseline", "sampler:random"]
 
 
 def test_every_trial_failing_exits_1(tmp_path):
@@ -248,16 +240,15 @@ class _Scripted:
         return dict(self.space.baseline_params(), **change)
 
     def propose(self, ctx):
-        from autoopt.strategy import Decision, Stop
+        from autoopt.search.strategy import Decision, Stop
 
         if not ctx.history:
             return Decision(self.space.baseline_params(), "baseline", "trial 0")
         if not self.changes:
             return Stop("script done")
         change = self.changes.pop(0)
-        extra = {"parent": self.parent} if self.parent is not None else {}
         return Decision(self._params(change), "scripted", f"try {change}", expected_gain=self.gain,
-                        expected_gain_sd=0.04 if self.gain is not None else None, extra=extra)
+                        expected_gain_sd=0.04 if self.gain is not None else None, parent=self.parent)
 
     def observe(self, outcome, ctx):
         pass
@@ -293,7 +284,7 @@ def test_the_reported_best_is_the_rule_of_autoopt_best_not_the_strategys_pick(tm
     assert doc["significant"] and chosen.number == mma.number
     assert result.best.number == mma.number and result.best.objective > result.baseline.objective_ci[1]
     assert result.confirmation.params == mma.params  # the confirmation re-measured that best
-    assert rows[-1].decision["source"] == "confirm" and rows[-1].decision["extra"]["confirms"] == mma.number
+    assert rows[-1].decision.source == "confirm" and rows[-1].decision.confirms == mma.number
     lines = [ln for ln in out.getvalue().splitlines() if " ok: " in ln]
     assert f"best #{mma.number} ×" in lines[-2]  # the live view's best after the search, before confirming
     slow = next(r for r in rows if r.params["attn_block_kv"] == 32)
@@ -317,16 +308,16 @@ def test_the_baseline_stays_best_when_nothing_beats_it_outside_the_noise(tmp_pat
     assert result.best is result.baseline and result.confirmation is None
     assert "best #0 (the baseline: no trial beats it outside the noise)" in out.getvalue()
     assert "nothing to confirm" in out.getvalue()
-    assert [r.decision["source"] for r in store.trials("s")] == ["baseline", "scripted", "scripted"]
+    assert [r.decision.source for r in store.trials("s")] == ["baseline", "scripted", "scripted"]
 
 
 def test_the_strategys_diagnosis_is_stored_with_its_trial_and_shown(tmp_path):
     """mhc_gemm=bf16 behind round-trip casts (the case study): the GEMM gain is eaten by the casts.
-    The agent's diagnose() runs before the trial is stored: the line is in extra, the diagnoses table,
+    The agent's diagnose() runs before the trial is stored: it is in the result, the diagnoses table,
     the log and `autoopt show` (why chosen, predicted vs actual gain, the diagnosis)."""
     import json
 
-    from autoopt.agent.strategy import AgentStrategy
+    from autoopt.search.agent.strategy import AgentStrategy
     from cli_helpers import run_autoopt
 
     target = ReplayTarget(TABLE, seed=1)
@@ -339,21 +330,22 @@ def test_the_strategys_diagnosis_is_stored_with_its_trial_and_shown(tmp_path):
     loop.strategy = agent
     loop.run()
     t1 = store.trial("s", 1)
-    diag = t1.extra["diagnosis"]
-    assert "casts ate 77% of the GEMM gain" in diag["verdict"], diag
-    assert diag["verdict"].startswith("predicted +8.0% ± 4.0%, measured ") and diag["against"] == 0
-    assert t1.extra["predicted_gain"] == 0.08 and abs(t1.extra["actual_gain"]) < 0.02
-    assert t1.diagnoses[0]["verdict"] == diag["verdict"] and t1.diagnoses[0]["against_number"] == 0
+    diag = t1.result.diagnosis
+    assert "casts ate 77% of the GEMM gain" in diag.verdict, diag
+    assert diag.verdict.startswith("predicted +8.0% ± 4.0%, measured ") and diag.against == 0
+    assert diag.predicted_gain == 0.08 and abs(diag.actual_gain) < 0.02
+    assert t1.diagnoses[0]["verdict"] == diag.verdict and t1.diagnoses[0]["against_number"] == 0
     assert len(t1.diagnoses) == 1
-    assert f"trial #1 diagnosis: {diag['verdict']}" in out.getvalue()
+    assert agent.diagnoses[1] == diag  # the agent keeps the loop's one diagnosis, not a second one
+    assert f"trial #1 diagnosis: {diag.verdict}" in out.getvalue()
     assert store.trial("s", 0).diagnoses == []  # the baseline has nothing to be compared with
     store.close()
 
     shown = run_autoopt("show", "1", "--study", "s", "--db", str(tmp_path / "t.sqlite"), "--json")
     assert shown.returncode == 0, shown.stderr
     tr = json.loads(shown.stdout)["trial"]
-    assert tr["diagnoses"][0]["verdict"] == diag["verdict"] and tr["extra"]["diagnosis"]["verdict"] == diag["verdict"]
-    assert tr["predicted_gain"] == 0.08 and tr["actual_gain"] == t1.extra["actual_gain"]
+    assert tr["diagnoses"][0]["verdict"] == diag.verdict and tr["extra"]["diagnosis"]["verdict"] == diag.verdict
+    assert tr["predicted_gain"] == 0.08 and tr["actual_gain"] == diag.actual_gain
     assert tr["reason"] == "try {'mhc_gemm': 'bf16'}"
     text = run_autoopt("show", "1", "--study", "s", "--db", str(tmp_path / "t.sqlite"))
     assert text.returncode == 0, text.stderr
@@ -363,15 +355,16 @@ def test_the_strategys_diagnosis_is_stored_with_its_trial_and_shown(tmp_path):
 
 
 def test_a_continued_study_learns_measurement_costs_from_its_recorded_trials(tmp_path):
-    """The resume path feeds the recorded trials' measurement seconds to the cost estimator
-    (CostEstimator.observe_measure): the casestudy table's sweeps take 120 s, not the 60 s default."""
+    """The resume path feeds the recorded trials to the one cost model: the casestudy table's sweeps
+    take 120 s, not the 60 s default."""
     loop, store = _loop(tmp_path, "random", max_trials=3)
     assert loop.run().exit_code == 0
     store.close()
     again, _ = _loop(tmp_path, "random", max_trials=1, target=ReplayTarget(TABLE, seed=2))
-    assert again.costs.expected_measure_s() == 60.0  # nothing learned yet
-    assert again._resume_queue() == []  # baseline recorded, nothing interrupted
-    assert len(again.history) >= 3 and again.costs.expected_measure_s() == pytest.approx(120.0, rel=0.05)
+    assert again.costs.measure_s() == 60.0  # nothing learned yet
+    queue = again._resume_queue()  # nothing interrupted: this run's own baseline only, profiled
+    assert [(d.source, d.profile, d.rerun_of) for d in queue] == [("baseline", True, None)]
+    assert len(again.history) >= 3 and again.costs.measure_s() == pytest.approx(120.0, rel=0.05)
 
 
 def test_live_panel_shows_reason_diagnosis_and_stop(tmp_path):
@@ -403,5 +396,22 @@ def test_a_restart_paid_before_the_first_trial_leaves_its_measurement_seconds(tm
     loop.run()
     first = loop.trials[0]
     assert first.transition_s >= 500.0 and first.cost_s - first.transition_s == pytest.approx(120.0, rel=0.05)
-    assert store.trial("s", 0).extra["cost_s"] == pytest.approx(first.cost_s)
-    assert loop.strategy.costs.measure_s() == pytest.approx(120.0, rel=0.05)
+    assert store.trial("s", 0).result.cost_s == pytest.approx(first.cost_s)
+    assert loop.costs.measure_s() == pytest.approx(120.0, rel=0.05)
+
+
+def test_the_best_is_never_below_the_baseline_on_the_objective():
+    """A weighted mix can fall while its heaviest concurrency rises outside the noise: that trial is
+    not called best (issue 12 item 4: the live view said `best #7 ×0.885`)."""
+    from autoopt.measurement import Measurement, Throughput
+    from autoopt.search import incumbent
+    from autoopt.search.strategy import TrialOutcome
+    from autoopt.trial import TrialResult
+
+    def outcome(number: int, at_16: float, objective: float) -> TrialOutcome:
+        m = Measurement(status="ok", config={}, tok_per_s={"16": Throughput(at_16, at_16 * 0.98, at_16 * 1.02, 20)})
+        return TrialOutcome(number, {}, m, TrialResult("ok", objective, (objective * 0.98, objective * 1.02)))
+
+    base, mixed_down, real_gain = outcome(0, 100.0, 100.0), outcome(1, 120.0, 88.5), outcome(2, 110.0, 104.0)
+    assert incumbent.best_of([base, mixed_down], base, 16) is base
+    assert incumbent.best_of([base, mixed_down, real_gain], base, 16) is real_gain

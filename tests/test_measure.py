@@ -1,4 +1,4 @@
-"""autoopt.measure: timing, stop rules, bandwidth, peak memory on real torch work; and, through the
+"""autoopt.targets.builtin.measure: timing, stop rules, bandwidth, peak memory on real torch work; and, through the
 real worker with profiling, the case study's finding: casting the fp32 x_flat for the bf16 mHC GEMM
 costs copy time that a view of the bf16 residual does not."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from autoopt.measure import PeakMemory, device_bandwidth, time_steps
-from autoopt.results import throughput_from_step_times
+from autoopt.targets.builtin.measure import PeakMemory, device_bandwidth, time_steps
+from autoopt.measurement import throughput_from_step_times
 from conftest import HAS_CUDA, requires_cuda
 
 
@@ -51,8 +51,8 @@ def test_clear_loser_is_aborted_after_min_samples():
 def test_warm_up_lasts_its_minimum_time_before_timing():
     """Clocks ramp up from idle (an H200 idles at 345 MHz): the warm-up runs at least
     `warmup_min_s` whatever its step count, and 0 leaves only the steps."""
-    from autoopt.measure import measure_request
-    from autoopt.worker import WorkerState
+    from autoopt.targets.builtin.evaluate import measure_request
+    from autoopt.targets.builtin.worker import WorkerState
 
     state = WorkerState("cpu")
     base = {"preset": "tiny", "config": {}, "concurrency": [2], "guard": False, "min_samples": 3,
@@ -123,7 +123,7 @@ def test_bf16_mhc_cast_from_fp32_adds_copies_that_a_view_does_not():
     failed twice in CI. `benchmarks/copy_cast_operand.py` measures it in A B B A rounds
     (benchmarks/results/copy_cast_operand.json: +5.4 ms/step median, 12 %, positive in 5 of 8
     rounds at hidden=4096, C=64 on this CPU); on an H200, 0.85 vs 0.83 ms/step in all 8 rounds."""
-    from autoopt.targets.builtin import BuiltinTarget
+    from autoopt.targets.builtin.target import BuiltinTarget
 
     target = BuiltinTarget("tiny", "cuda" if HAS_CUDA else "cpu", shape={"hidden": 4096},
                            guard=False, warmup_steps=1, warmup_min_s=0.0)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from autoopt import profile_rules as rules
-from autoopt.profile_rules import BUCKETS, classify
+from autoopt.profile import rules
+from autoopt.profile.rules import BUCKETS, classify
 
 TABLE = Path(__file__).parent / "fixtures" / "traces" / "h200_kernel_names.tsv"
 

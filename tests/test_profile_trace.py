@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from autoopt.errors import UserError
-from autoopt.profile import BucketProfile, capture, load_events, profile_trace, short_name
+from autoopt.profile.trace import BucketProfile, capture, load_events, profile_trace, short_name
 
 FIX = Path(__file__).parent / "fixtures" / "traces"
 CPU_FP32, CPU_CAST, CPU_VIEW = (FIX / f"cpu_mhc_{v}.json.gz" for v in ("fp32", "bf16_cast", "bf16_view"))
@@ -368,8 +368,9 @@ def test_capture_cpu_per_step_and_saved_trace(tmp_path):
     for bucket in ("gemm_simt", "gemm_tensorop", "copy_cast", "reduce"):
         assert p.buckets_ms[bucket] > 0, bucket
     fields = p.measurement_fields()  # what the worker copies into its Measurement
-    assert fields == {"buckets_ms": p.buckets_ms, "bucket_coverage": p.coverage,
-                      "kernel_count": p.kernel_count}
+    assert fields["buckets_ms"] == {**p.buckets_ms, "host": p.host_bucket_ms}  # + the step's host time
+    assert (fields["bucket_coverage"], fields["kernel_count"]) == (p.coverage, p.kernel_count)
+    assert fields["host_ms"] == p.step_host_ms and fields["launches_per_step"] == p.launches
     mm = {b for n, b, _, _ in p.top_kernels if n == "aten::mm"}
     assert mm == {"gemm_simt", "gemm_tensorop"}  # one op name, two dtypes, two rows
     again = profile_trace(out)  # the raw trace was kept and reads back the same
@@ -382,7 +383,7 @@ def test_capture_tiny_decode_step_names_its_sections(tmp_path):
     time add up to at most the wall; without a profiler a section costs a shared null context."""
     import torch
 
-    from autoopt import profile_rules
+    from autoopt.profile import rules as profile_rules
     from dsv4 import sections
     from dsv4.config import preset
     from dsv4.session import DecodeSession

@@ -10,8 +10,8 @@ import pytest
 
 from autoopt.errors import UserError
 from autoopt.targets.base import EvalRequest
-from autoopt.targets.replay import ReplayTarget, from_spec, replay_space
-from autoopt.targets.replay_table import load_table
+from autoopt.targets.replay.target import ReplayTarget, from_spec, replay_space
+from autoopt.targets.replay.table import load_table
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "replay"
 CASE = FIXTURES / "casestudy.csv"
@@ -47,15 +47,15 @@ def test_clock_is_simulated_and_charges_restart_compile_measure(tmp_path):
     m = t.evaluate(req({"a": "x", "b": 1}))
     # first evaluation: a fresh start (dearest restart 100) + compile 5 (first visit) + measure 30
     assert m.ok and t.now() == pytest.approx(135.0) and m.costs_s["total"] == pytest.approx(135.0)
-    assert t.transition({"a": "x", "b": 2}).expected_s == pytest.approx(5.0)  # runtime switch + compile
+    assert t.transition({"a": "x", "b": 2}).known_s == pytest.approx(5.0)  # runtime switch + compile
     t.evaluate(req({"a": "x", "b": 2}))
     assert t.now() == pytest.approx(135.0 + 5 + 30)
     tr = t.transition({"a": "x", "b": 1})
-    assert tr.cached and tr.expected_s == 0.0 and tr.restart_class == "none"
+    assert tr.cached and tr.known_s == 0.0 and tr.restart_class == "none"
     t.evaluate(req({"a": "x", "b": 1}))  # compiled before: costs nothing but the measurement
     assert t.now() == pytest.approx(170.0 + 30)
     tr = t.transition({"a": "y", "b": 1})
-    assert tr.changed_knobs == ("a",) and tr.expected_s == pytest.approx(100.0)
+    assert tr.changed_knobs == ("a",) and tr.known_s == pytest.approx(100.0)
 
 
 def test_invalid_configurations_fail_with_reasons_and_cost_a_fresh_start(tmp_path):
@@ -174,4 +174,4 @@ def test_random_configurations_never_raise():
         cfg = {s.name: rng.choice(list(s.values) + ["junk"]) for s in specs if rng.random() > 0.05}
         m = t.evaluate(req(cfg))
         assert m.ok or (m.failure is not None and m.failure.reason)
-        assert t.transition(cfg).expected_s >= 0
+        assert t.transition(cfg).known_s >= 0

@@ -50,9 +50,10 @@ def test_kill_9_then_resume(tmp_path):
     assert marked.state == "interrupted" and marked.failure.kind == "interrupted"
     assert "ended before the trial finished" in marked.failure.reason
     new = [r for r in after if r.number > max(t.number for t in before)]
-    assert len(new) == 2
-    assert new[0].params == victim.params and new[0].decision["source"] == "resume"
-    assert new[0].decision["extra"]["rerun_of"] == victim.number
+    assert len(new) == 2  # the resumed run's own baseline (every run measures it), then the re-run
+    assert new[0].decision.source == "baseline" and new[0].is_baseline
+    assert new[1].params == victim.params and new[1].decision.source == "resume"
+    assert new[1].decision.rerun_of == victim.number
     assert all(r.state in FINISHED for r in new)
     assert not [r for r in after if r.state == "running"]
     killed, resumed = runs(db, "k9")

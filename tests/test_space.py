@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from autoopt.errors import SpaceError
-from autoopt.space import SearchSpace, TargetInfo
-from autoopt.space_constraints import ConstraintSyntaxError, parse_constraint
+from autoopt.space.space import SearchSpace
+from autoopt.targets.builtin.declared import builtin_info
+from autoopt.targets.declared import load_declared
+from autoopt.space.constraints import ConstraintSyntaxError, parse_constraint
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = """\
@@ -33,7 +35,7 @@ def write(tmp_path: Path, body: str, header: str = HEADER) -> Path:
 
 
 def load(tmp_path: Path, body: str, header: str = HEADER) -> SearchSpace:
-    return SearchSpace.load(write(tmp_path, body, header))
+    return load_declared(write(tmp_path, body, header))
 
 
 def error_of(tmp_path: Path, body: str, header: str = HEADER) -> str:
@@ -75,7 +77,7 @@ def test_constraint_unknown_name_is_named():
 # ---- the shipped spaces --------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["dsv4_tiny_cpu", "dsv4_flash_decode", "dsv4_pro_decode"])
 def test_shipped_spaces_load(name):
-    s = SearchSpace.load(name)
+    s = load_declared(name)
     assert s.params and s.sha256 == hashlib.sha256(s.path.read_bytes()).hexdigest()
     base = s.baseline_params()
     assert s.violations(base) == []
@@ -85,7 +87,7 @@ def test_shipped_spaces_load(name):
 
 
 def test_tiny_space_is_small_and_per_layer_and_excludes_gpu_values_with_reasons():
-    s = SearchSpace.load("dsv4_tiny_cpu")
+    s = load_declared("dsv4_tiny_cpu")
     names = [p.name for p in s.params]
     assert {"mhc_gemm@window", "mhc_gemm@c4", "mhc_gemm@c128"} <= set(names)
     assert s.size() <= 512
@@ -94,15 +96,15 @@ def test_tiny_space_is_small_and_per_layer_and_excludes_gpu_values_with_reasons(
     indexer = next(k for k in s.knobs if k.name == "indexer_gemm")
     assert "fp8" not in indexer.values and "FP8" in indexer.excluded["fp8"]
     # on a GPU the same file makes them parameters
-    gpu = SearchSpace(s.doc, TargetInfo.declared("tiny", "cuda"))
+    gpu = SearchSpace(s.doc, builtin_info("tiny", "cuda"))
     assert "attn_block_kv" in gpu.param_by_name and "cuda_graphs" in gpu.param_by_name
 
 
 def test_declared_info_matches_the_builtin_target():
-    from autoopt.targets.builtin import BuiltinTarget
+    from autoopt.targets.builtin.target import BuiltinTarget
 
     t = BuiltinTarget(preset="tiny", device="cpu")  # declarations only: no worker is started
-    info = TargetInfo.declared("tiny", "cpu")
+    info = builtin_info("tiny", "cpu")
     assert list(info.knob_specs) == t.knob_specs()
     assert info.baseline == t.baseline() and list(info.layers) == t.layers()
 
@@ -112,7 +114,7 @@ def test_layer_class_and_layers_scopes_expand_to_layer_overrides(tmp_path):
     s = load(tmp_path, """
         knobs:
           mhc_gemm: {values: [fp32, bf16], scope: layer_class}
-          attention: {values: [per_head, mma], scope: layers, layers: [1, 3]}
+          attention: {values: [per_head, mma], scope: layer, layers: [1, 3]}
           moe_experts: {values: [loop, grouped], scope: {layer_class: [c128]}}
         """)
     assert s.info.layers == ("window", "c128", "c4", "c128")
@@ -152,11 +154,11 @@ def test_constraints_hold_on_every_layer(tmp_path):
 
 
 def test_yaml_on_off_stay_strings_and_values_coerce(tmp_path):
-    s = SearchSpace(SearchSpace.load(write(tmp_path, """
+    s = SearchSpace(load_declared(write(tmp_path, """
         knobs:
           cuda_graphs: {values: [off, on]}
           attn_split_k: {values: ['1', 2]}
-        """)).doc, TargetInfo.declared("tiny", "cuda"))
+        """)).doc, builtin_info("tiny", "cuda"))
     assert s.param_by_name["cuda_graphs"].choices == ("off", "on")
     assert s.param_by_name["attn_split_k"].choices == (1, 2)
 
@@ -176,14 +178,15 @@ def test_constraints_may_name_scoped_parameters(tmp_path):
         knobs:
           mhc_gemm: {values: [fp32, bf16], scope: layer_class}
           mhc_operand: {values: [cast_from_fp32, view_bf16_residual]}
-          attention: {values: [per_head, mma], scope: layers, layers: [3]}
+          attention: {values: [per_head, mma], scope: layer, layers: [3]}
         constraints:
           - "mhc_gemm@c4 == 'bf16' or mhc_operand == 'cast_from_fp32'"
           - "attention@L3 != 'mma' or mhc_gemm@window=='bf16'"
-          - "mhc_operand != 'x@y'"
         """)
     assert [c.names for c in s.constraints] == [{"mhc_gemm@c4", "mhc_operand"},
-                                                 {"attention@L3", "mhc_gemm@window"}, {"mhc_operand"}]
+                                                 {"attention@L3", "mhc_gemm@window"}]
+    # '@' inside a literal is left alone (a value no knob has, so only parsed here, not loaded)
+    assert parse_constraint("mhc_operand != 'x@y'").compared_values() == [("mhc_operand", "x@y")]
     base = s.baseline_params()
     assert s.is_feasible(base)
     view = base | {"mhc_operand": "view_bf16_residual"}
@@ -210,7 +213,7 @@ def test_replay_space_takes_scoped_constraints(tmp_path):
 
     import yaml
 
-    from autoopt.targets.replay import ReplayTarget, replay_space
+    from autoopt.targets.replay.target import ReplayTarget, replay_space
 
     src = REPO / "benchmarks" / "data"
     shutil.copy(src / "tiny_cpu_grid.csv", tmp_path / "g.csv")
@@ -239,8 +242,8 @@ def test_replay_space_takes_scoped_constraints(tmp_path):
     ("knobs:\n  glue: {values: [eager, compile], scope: layer_class}\n", 8, "'layer_class' is not supported by this knob (expected: global)"),
     ("knobs:\n  attention:\n    restart_class: none\n", 9, "'none' is cheaper than the target declares ('recompile')"),
     ("knobs:\n  mhc_gemm: {values: [bf16]}\n", 8, "must include the baseline value 'fp32'"),
-    ("knobs:\n  mhc_gemm: {scope: layers, layers: [0, 9]}\n", 8, "expected a layer index 0..3; got 9"),
-    ("knobs:\n  indexer_gemm: {scope: layers, layers: [0]}\n", 8, "layer 0 is a window layer"),
+    ("knobs:\n  mhc_gemm: {scope: layer, layers: [0, 9]}\n", 8, "expected a layer index 0..3; got 9"),
+    ("knobs:\n  indexer_gemm: {scope: layer, layers: [0]}\n", 8, "layer 0 is a window layer"),
     ("knobs:\n  mhc_gemm: {scope: layer_class, classes: [c5]}\n", 8, "expected one of: window, c4, c128"),
     ("knobs:\n  mhc_gemm: {scope: per_layer}\n", 8, "knobs.mhc_gemm.scope: expected global, layer_class"),
     ("knobs:\n  mhc_gemm: {}\n  mhc_gemm: {}\n", 9, "duplicate key 'mhc_gemm'"),
@@ -264,7 +267,7 @@ def test_objective_must_be_measured(tmp_path):
 
 
 def test_weighted_objective_is_a_geometric_mean(tmp_path):
-    from autoopt.results import Measurement, throughput_from_step_times
+    from autoopt.measurement import Measurement, throughput_from_step_times
 
     s = load(tmp_path, "knobs:\n  mhc_gemm: {}\n",
              header=HEADER.replace("objective: {concurrency: 4}", "objective: {weights: {1: 1, 4: 3}}"))
@@ -277,7 +280,7 @@ def test_weighted_objective_is_a_geometric_mean(tmp_path):
 
 def test_unknown_space_name_lists_known_ones():
     with pytest.raises(SpaceError, match="dsv4_tiny_cpu"):
-        SearchSpace.load("no_such_space")
+        load_declared("no_such_space")
 
 
 # ---- `autoopt spaces` ----------------------------------------------------------------------------
@@ -310,7 +313,7 @@ def test_spaces_invalid_file_exits_2_with_one_line(tmp_path):
 
 def test_packaged_copies_match_the_source_spaces():
     src = sorted((REPO / "search_spaces").glob("*.yaml"))
-    packaged = sorted((REPO / "autoopt" / "data").glob("dsv4_*.yaml"))
+    packaged = sorted((REPO / "autoopt" / "data").glob("*.yaml"))
     assert [p.name for p in src] == [p.name for p in packaged], "copy search_spaces/*.yaml to autoopt/data/"
     for a, b in zip(src, packaged):
         assert a.read_bytes() == b.read_bytes(), f"autoopt/data/{b.name} differs from search_spaces/{a.name}"
@@ -320,3 +323,51 @@ def test_spaces_are_found_from_any_directory(tmp_path):
     out = _cli("spaces", "dsv4_tiny_cpu", "--json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["spaces"][0]["name"] == "dsv4_tiny_cpu"
+
+
+# ---- constraints checked when the space is loaded (issue 12 item 6) --------------------------------
+def test_constraint_naming_a_value_the_knob_does_not_have_is_an_error(tmp_path):
+    msg = error_of(tmp_path, """
+        knobs:
+          mhc_gemm: {values: [fp32, bf16], scope: layer_class}
+        constraints:
+          - "mhc_gemm == 'bf1' or mhc_gemm@c4 in ('fp32',)"
+        """)
+    assert "constraints[0]" in msg and "'mhc_gemm' has no value 'bf1'" in msg and "fp32, bf16" in msg
+    assert "space.yaml:11: " in msg  # file and line of the constraint
+
+
+def test_unsatisfiable_constraint_is_an_error_at_load(tmp_path):
+    msg = error_of(tmp_path, """
+        knobs:
+          mhc_gemm: {values: [fp32, bf16]}
+        constraints:
+          - "mhc_gemm == 'bf16' and mhc_gemm == 'fp32'"
+        """)
+    assert "constraints[0]" in msg and "holds for no value" in msg
+
+
+def test_constraints_that_cannot_hold_together_are_an_error_at_load(tmp_path):
+    msg = error_of(tmp_path, """
+        knobs:
+          mhc_gemm: {values: [fp32, bf16]}
+          mhc_operand: {values: [cast_from_fp32, view_bf16_residual]}
+        constraints:
+          - "mhc_gemm == 'bf16'"
+          - "mhc_operand == 'cast_from_fp32' and mhc_gemm == 'fp32'"
+        """)
+    assert "no configuration of this space satisfies every constraint together" in msg
+
+
+def test_unsatisfiable_constraint_stops_a_run_with_exit_2(tmp_path):
+    p = write(tmp_path, """
+        knobs:
+          mhc_gemm: {values: [fp32, bf16]}
+        constraints:
+          - "mhc_gemm != 'fp32' and mhc_gemm != 'bf16'"
+        """)
+    out = _cli("run", "--space", str(p), "--db", str(tmp_path / "db.sqlite"), "--max-trials", "2")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.startswith("error: ") and out.stderr.strip().count("\n") == 0
+    assert "constraints[0]" in out.stderr
+    assert not (tmp_path / "db.sqlite").exists() or "baseline" not in out.stdout  # nothing measured

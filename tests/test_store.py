@@ -10,10 +10,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from store_helpers import STUDY, build_case_study, measurement
+from store_helpers import STUDY, build_case_study, measurement, result_at_16
 
 from autoopt.errors import StoreError, UserError
 from autoopt.store import Store
+from autoopt.trial import CostEstimate, Decision, Diagnosis, TrialResult
 
 
 @pytest.fixture
@@ -95,8 +96,8 @@ def test_roundtrip_of_every_figure(store, tmp_path):
     assert t1.objective_name == "tok_per_s@16"
     lo, hi = t1.objective_ci
     assert lo < t1.objective < hi
-    assert t1.decision["source"] == "profile:gemm_simt" and t1.decision["expected_gain"] == 0.15
-    assert t1.extra["actual_gain"] == 0.018
+    assert t1.decision.source == "profile:gemm_simt" and t1.decision.expected_gain == 0.15
+    assert t1.result.diagnosis.actual_gain == 0.018
     assert t1.diagnoses[0]["verdict"].startswith("GEMM -505 ms") and t1.diagnoses[0]["against_number"] == 0
     assert t1.run_id == run_id and t1.finished_at >= t1.started_at
     oom = trials[3]
@@ -141,12 +142,60 @@ def test_baseline_lookup_and_trial_lookup(store):
         store.resolve_study("nope")
 
 
+def test_the_result_is_stored_as_given_not_recomputed(store):
+    """The run's settings say tok_per_s@16 and the measurement has a CI at C=16; the loop's result
+    says otherwise (a made-up name and CI): the store must write the result it was handed."""
+    run_id = store.start_run("s", "cmd", None, None, None, None, None, {"objective": "tok_per_s@16"})
+    m = measurement({"a": 1}, {1: 30.0, 16: 60.0})
+    given = TrialResult("ok", 59.5, objective_ci=(50.0, 70.0), objective_name="tok_per_s@1",
+                        objective_text="as the loop put it", cost_s=12.5, transition_s=2.5,
+                        restart_class="recompile", speedup=1.25)
+    h = store.begin_trial(run_id, "s", {"a": 1}, {"a": 1}, None)
+    back = store.finish_trial(h, m, given)
+    assert back.result == given
+    assert (back.objective, back.objective_ci, back.objective_name) == (59.5, (50.0, 70.0), "tok_per_s@1")
+    assert back.measurement.tok_per_s["16"].median != 59.5  # not the measurement's figure
+    assert store.optuna_study("s").trials[0].value == 59.5  # Optuna was told the same
+
+
+def test_a_decision_makes_the_round_trip_through_the_store_typed(store):
+    run_id = store.start_run("s", "cmd", None, None, None, None, None, {})
+    d = Decision({"a": 2}, "profile:gemm_simt", "GEMM is 19% of the step", expected_gain=0.08,
+                 expected_gain_sd=0.03, parent=0, profile=True, confirms=None, rerun_of=4,
+                 expected_cost=CostEstimate(30.0, 60.0, "recompile", ("a",), cached=False, known_s=25.0),
+                 notes={"worth": 0.01, "p_fail": 0.2, "batch": 2})
+    h = store.begin_trial(run_id, "s", d.params, d.params, d)
+    assert store.trial("s", h.number).decision == d  # while running
+    diag = Diagnosis("measured +1.0% vs #0", against=0, predicted_gain=0.08, actual_gain=0.01,
+                     detail={"buckets_line": "GEMM -5 ms"})
+    m = measurement({"a": 2}, {16: 61.0})
+    back = store.finish_trial(h, m, result_at_16(m, diagnosis=diag))
+    assert back.decision == d and back.decision.kind.value == "profile"
+    assert back.result.diagnosis == diag and back.diagnoses[0]["against_number"] == 0
+    assert back.decision.expected_cost_s == 90.0
+
+
+def test_rows_written_before_the_typed_records_read_back(store):
+    """decision_extra/extra as the loop wrote them before autoopt.trial: flat keys."""
+    old = Decision.from_json({"a": 1}, "repeat", "r", None, None, 70.0,
+                             {"parent": 3, "repeat_of": "challenger", "transition_expected_s": 10.0,
+                              "cached": True, "profile": True})
+    assert (old.parent, old.profile, old.notes["repeat_of"]) == (3, True, "challenger")
+    assert old.expected_cost is None and old.notes["expected_cost_s"] == 70.0  # no split is made up
+    res = TrialResult.from_json("ok", 60.0, None, None,
+                                {"cost_s": 9.0, "transition_s": 1.0, "objective_ci": [59.0, 61.0],
+                                 "objective_name": "tok_per_s@16", "incumbent_number": 2,
+                                 "diagnosis": "slower", "actual_gain": -0.1})
+    assert res.objective_ci == (59.0, 61.0) and res.objective_name == "tok_per_s@16"
+    assert (res.diagnosis.verdict, res.diagnosis.against, res.diagnosis.actual_gain) == ("slower", 2, -0.1)
+
+
 def test_failed_baseline_means_no_baseline(store):
     run_id = store.start_run("s", "cmd", None, None, None, None, None, {})
-    from autoopt.results import Measurement
-    from autoopt.strategy import Decision
+    from autoopt.measurement import Measurement
+    from autoopt.trial import Decision
     h = store.begin_trial(run_id, "s", {"a": 1}, {"a": 1}, Decision({"a": 1}, "baseline", "start"))
-    store.finish_trial(h, Measurement.failed({"a": 1}, "crash", "segfault"), None)
+    store.finish_trial(h, Measurement.failed({"a": 1}, "crash", "segfault"), TrialResult("failed", None))
     assert store.baseline("s") is None
     assert store.trials("s", states=["failed"])[0].is_baseline
 
@@ -197,7 +246,7 @@ def test_mark_interrupted_reconciles_a_trial_stored_but_not_told(store, tmp_path
     real_tell = optuna_bridge.tell
     optuna_bridge.tell = lambda *a, **k: True
     try:
-        store.finish_trial(h, measurement({"x": 1}, {16: 60.0}), 60.0)
+        store.finish_trial(h, measurement({"x": 1}, {16: 60.0}), result_at_16(measurement({"x": 1}, {16: 60.0})))
     finally:
         optuna_bridge.tell = real_tell
     assert store.optuna_study("st").trials[0].state.name == "RUNNING"
@@ -212,9 +261,9 @@ def test_mark_interrupted_reconciles_a_trial_stored_but_not_told(store, tmp_path
 _WRITER = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[4])
-    from store_helpers import measurement
+    from store_helpers import measurement, result_at_16
     from autoopt.store import Store
-    from autoopt.strategy import Decision
+    from autoopt.trial import Decision
     url, worker, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     s = Store.open(url)
     run_id = s.start_run("shared", f"worker {worker}", None, None, None, None, None,
@@ -223,7 +272,7 @@ _WRITER = textwrap.dedent("""
         p = {"worker": worker, "i": i}
         h = s.begin_trial(run_id, "shared", p, p, Decision(p, "sampler:random", "load test"))
         m = measurement(p, {1: 30.0 + i, 16: 60.0 + i})
-        s.finish_trial(h, m, m.objective(16), {"transition_s": 0.0})
+        s.finish_trial(h, m, result_at_16(m))
     s.finish_run(run_id, "finished", "done")
     s.close()
 """)

@@ -23,20 +23,21 @@ from typing import Any, Callable
 
 import pytest
 
-from autoopt.results import FAILURE_KINDS, Measurement
+from autoopt.measurement import FAILURE_KINDS, Measurement
 from autoopt.targets.base import EvalRequest, KnobSpec, Transition
+from autoopt.trial import RESTART_CLASSES
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "replay"
 
 
 def _replay_casestudy() -> Any:
-    from autoopt.targets.replay import ReplayTarget
+    from autoopt.targets.replay.target import ReplayTarget
 
     return ReplayTarget(FIXTURES / "casestudy.csv", seed=3)
 
 
 def _replay_kernel_tuner() -> Any:
-    from autoopt.targets.replay import ReplayTarget
+    from autoopt.targets.replay.target import ReplayTarget
 
     return ReplayTarget(FIXTURES / "kt_gemm.json", seed=1, measure_s=2.0)
 
@@ -44,7 +45,7 @@ def _replay_kernel_tuner() -> Any:
 def _builtin_tiny_cpu() -> Any:
     """The dsv4 decode step, tiny preset, in a real worker on the CPU (few samples: a contract, not a
     benchmark; no correctness guard, which tests/test_builtin_target.py covers)."""
-    from autoopt.targets.builtin import BuiltinTarget
+    from autoopt.targets.builtin.target import BuiltinTarget
 
     t = BuiltinTarget("tiny", "cpu", guard=False, warmup_steps=1)
     t.contract_samples = (3, 3)
@@ -123,12 +124,13 @@ def test_transition_costs_are_non_negative(target):
     candidates = [base] + [{**base, s.name: v} for s in specs for v in s.values[:2]]
     for cfg in candidates:
         tr = target.transition(cfg)
-        assert isinstance(tr, Transition) and tr.expected_s >= 0 and math.isfinite(tr.expected_s)
+        assert isinstance(tr, Transition) and isinstance(tr.cached, bool)
+        assert tr.known_s is None or (tr.known_s >= 0 and math.isfinite(tr.known_s))  # a fact, if known
     target.evaluate(_request(target, base))
     target.evaluate(_request(target, {**base, specs[0].name: "no-such-value"}))  # a failure
     for cfg in candidates:
         tr = target.transition(cfg)
-        assert tr.expected_s >= 0 and tr.restart_class in ("none", "recompile", "rebuild", "restart")
+        assert tr.restart_class in RESTART_CLASSES and (tr.known_s is None or tr.known_s >= 0)
 
 
 def test_now_advances_with_evaluations(target):

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import dsv4
-from autoopt.profile_rules import classify
+from autoopt.profile.rules import classify
 from dsv4 import glue
 from dsv4.device import capabilities
 from dsv4.guard import check, precision_class

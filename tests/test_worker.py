@@ -11,8 +11,8 @@ import time
 import pytest
 
 from autoopt.environment import fingerprint, same_machine
-from autoopt.worker import RestartRequired, classify
-from autoopt.worker_client import WorkerClient, WorkerFailure
+from autoopt.targets.builtin.worker import RestartRequired, classify
+from autoopt.targets.builtin.client import WorkerClient, WorkerFailure
 from conftest import HAS_CUDA, requires_cuda
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"

@@ -1,6 +1,6 @@
 """autoopt bench-search: every strategy on every replay table, many seeds, on the simulated clock.
 
-Parsing and rendering only; the work is autoopt.bench_search (no torch anywhere).
+Parsing and rendering only; the work is autoopt.search.bench (no torch anywhere).
 """
 from __future__ import annotations
 
@@ -16,8 +16,11 @@ from autoopt.cli.app import app
 
 @app.command("bench-search")
 def bench_search(
-    tables: List[Path] = typer.Argument(..., help="Replay tables: CSV, JSON lines or Kernel Tuner cache "
-                                        "files (a TABLE.restart.yaml beside one gives restart costs)."),
+    tables: Optional[List[Path]] = typer.Argument(None, help="Replay tables: CSV, JSON lines, Kernel Tuner "
+                                                  "caches or T4 files, each may be gzipped (a "
+                                                  "TABLE.restart.yaml beside one gives restart costs)."),
+    landscapes: Optional[Path] = typer.Option(None, "--landscapes", help="Also every DIR/*.json.gz "
+                                              "(e.g. ../shared/landscapes: real GPU landscapes)."),
     strategies: str = typer.Option("agent,tpe,random,grid", "--strategies", help="Comma-separated "
                                    "strategy names (see `autoopt run --help`)."),
     seeds: int = typer.Option(20, "--seeds", min=1, help="Runs per table and strategy (seeds 0..N-1)."),
@@ -30,17 +33,21 @@ def bench_search(
 ) -> None:
     """Benchmark the search strategies on recorded tables: per table and strategy, the median and IQR
     of simulated time until the strategy's best is truly within 1% of the table's optimum ("never"
-    counted honestly), the best found at the end, and how many runs the strategy stopped itself.
+    counted honestly), the best found at the end, how many runs the strategy stopped itself (and how
+    many of those within 1%), the agent's calibration (trials inside their predicted 95% interval) and
+    the cost model's (transitions predicted within 50%).
 
     Examples:
 
       autoopt bench-search tests/fixtures/replay/casestudy.csv --seeds 5
 
       autoopt bench-search benchmarks/data/*.csv --strategies agent,tpe --json
+
+      autoopt bench-search --landscapes ../shared/landscapes --seeds 10 --budget 15m
     """
-    from autoopt import strategies as registry
-    from autoopt.bench_search import bench, render, to_json
-    from autoopt.budget import parse_duration
+    from autoopt.search import registry
+    from autoopt.search.bench import bench, render, to_json
+    from autoopt.units import parse_duration
     from autoopt.errors import UserError
 
     names = tuple(s.strip() for s in strategies.split(",") if s.strip())
@@ -49,7 +56,15 @@ def bench_search(
         raise UserError(f"--strategies: unknown {unknown or 'none given'} "
                         f"(expected some of: {', '.join(registry.names())})")
     budget_s = parse_duration(budget) if budget is not None else None
-    result = bench([str(t) for t in tables], names, seeds, budget_s, workers=workers)
+    paths = [str(t) for t in tables or []]
+    if landscapes is not None:
+        found = sorted(landscapes.glob("*.json.gz"))
+        if not found:
+            raise UserError(f"--landscapes {landscapes}: no *.json.gz there")
+        paths += [str(p) for p in found]
+    if not paths:
+        raise UserError("bench-search: give replay tables or --landscapes DIR")
+    result = bench(paths, names, seeds, budget_s, workers=workers)
     if as_json:
         typer.echo(json.dumps(to_json(result), indent=1, sort_keys=True))
     else:

@@ -18,20 +18,39 @@ def best_command(
     export: Optional[Path] = typer.Option(None, "--export", help="Write the winner's config + evidence (YAML)."),
     trial: Optional[str] = typer.Option(None, "--trial", help="Take this trial instead of the rule's choice."),
     as_json: bool = typer.Option(False, "--json", help="Print the best document as JSON."),
+    force: bool = typer.Option(False, "--force", help="Export even when the trial's confirmation "
+                               "disagrees with it (the warning goes into the export too)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
-    """The best trial: highest tok/s whose 95% CI low end clears the baseline's CI high end."""
+    """The best trial: the highest speed-up over its run's baseline whose 95% CI low end clears the
+    baseline's CI high end, shown in the objective's unit (tok/s, higher is better; a replayed time in
+    ms, lower is better)."""
     from autoopt.cli.render_history import print_json, render_best, warn
-    from autoopt.export import build_export, write_export
+    from autoopt.store.export import build_export
+    from autoopt.targets.builtin.config_file import write_export
+    from autoopt.targets.server.export import is_server_run, write_server_export
     from autoopt.store import Store
     from autoopt.store.reports import best
 
+    from autoopt.cli.history_cmd import require_measured
+
     with Store.open(db, create=False) as store:
+        if objective:
+            require_measured(store, store.resolve_study(study), objective)
         doc, chosen, baseline = best(store, study, objective=objective, trial=trial)
         run = next((r for r in store.runs(chosen.study) if r.id == chosen.run_id), None)
-    if export is not None:
-        writer = write_export(export, build_export(chosen, baseline, run))
-        doc["export"] = {"path": str(export), "writer": writer}
+    if export is not None and doc["export_refused"] and not force:
+        from autoopt.errors import UserError
+
+        warn(doc["warnings"])
+        raise UserError(f"--export {export}: not exporting trial {chosen.number}: {doc['export_refused']} "
+                        "(pass --force to export it anyway)")
+    if export is not None and is_server_run(run):  # the winning launch: command line, env, config file
+        write_server_export(export, {**build_export(chosen, baseline, run), "warnings": list(doc["warnings"])}, run)
+        doc["export"] = {"path": str(export), "writer": "autoopt.targets.server.export"}
+    elif export is not None:
+        write_export(export, {**build_export(chosen, baseline, run), "warnings": list(doc["warnings"])})
+        doc["export"] = {"path": str(export), "writer": "autoopt.targets.builtin.config_file"}
     warn(doc["warnings"])
     if as_json:
         print_json(doc)

@@ -19,10 +19,10 @@ def diff_command(
 ) -> None:
     """Compare trial B against trial A: what changed, what it gained, where the time moved."""
     from autoopt.cli.render_history import print_json, render_diff
-    from autoopt.store import Store
+    from autoopt.store.reading import open_for_reading
     from autoopt.store.reports import diff
 
-    with Store.open(db, create=False) as store:
+    with open_for_reading(db) as store:
         doc = diff(store, a, b, study)
     if as_json:
         print_json(doc)

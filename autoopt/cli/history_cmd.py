@@ -22,16 +22,34 @@ def history_command(
     failed: bool = typer.Option(False, "--failed", help="Only failed, wrong and interrupted trials."),
     objective: Optional[str] = typer.Option(None, "--objective", help="e.g. tok_per_s@16 (default: the run's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the history document as JSON."),
+    wide: bool = typer.Option(False, "--wide", help="One line per trial at full width (no wrapping; "
+                              "the terminal may cut it). Default: long cells wrap to fit."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """List the trials of a study with their objective, 95% CI and speed-up over the baseline."""
     from autoopt.cli.render_history import print_json, render_history
-    from autoopt.store import Store
+    from autoopt.store.reading import open_for_reading
     from autoopt.store.reports import history
 
-    with Store.open(db, create=False) as store:
+    with open_for_reading(db) as store:
+        if objective:
+            require_measured(store, store.resolve_study(study), objective)
         doc = history(store, study, sort=sort, limit=limit, failed_only=failed, objective=objective)
     if as_json:
         print_json(doc)
-    else:
-        render_history(doc)
+    else:  # the trial `autoopt best` takes, marked when it beats its baseline outside the noise
+        render_history(doc, best_number=doc["best_number"] if doc["best_significant"] else None, wide=wide)
+
+
+def require_measured(store, study: str, objective: str) -> None:
+    """UserError when --objective names a concurrency no trial of `study` was measured at."""
+    from autoopt.errors import UserError
+    from autoopt.store.analysis import measured_concurrencies, parse_objective
+
+    _, c = parse_objective(objective)
+    measured = measured_concurrencies(store.trials(study, with_samples=False))
+    if c is not None and measured and c not in measured:
+        have = ", ".join(f"tok_per_s@{m}" for m in measured)
+        raise UserError(f"--objective {objective}: study {study!r} has no trial measured at "
+                        f"concurrency {c}; it has {have}")
+

@@ -1,7 +1,7 @@
 """autoopt measure: measure one configuration of the builtin decode step in a worker process
 (correctness guard -> timed steps per concurrency -> optional profile) and print the figures.
 
-Parsing and rendering only; the work is autoopt.targets.builtin. torch is imported by the worker,
+Parsing and rendering only; the work is autoopt.targets.builtin.target. torch is imported by the worker,
 never here.
 """
 from __future__ import annotations
@@ -32,7 +32,11 @@ def parse_sets(items: list[str], n_layers_of: Any) -> tuple[dict[str, Any], list
 
     `n_layers_of` is the DecodeConfig of the preset, used to expand layer classes and check indices.
     """
-    from dsv4.knobs import KNOB_BY_NAME, LAYER_CLASSES, coerce_value
+    from dsv4.knobs import LAYER_CLASSES
+
+    from autoopt.targets.builtin.declared import knob_value, spec_by_name
+
+    specs = spec_by_name()
 
     knobs: dict[str, Any] = {}
     overrides: list[list[Any]] = []
@@ -42,14 +46,8 @@ def parse_sets(items: list[str], n_layers_of: Any) -> tuple[dict[str, Any], list
             raise UserError(f"--set {item!r}: expected KNOB=VALUE or KNOB@LAYER=VALUE "
                             f"(LAYER: a layer index or one of {', '.join(LAYER_CLASSES)})")
         name, layer, raw = m["knob"], m["layer"], m["value"]
-        knob = KNOB_BY_NAME.get(name)
-        if knob is None:
-            raise UserError(f"--set {item!r}: unknown knob {name!r} (expected one of: "
-                            f"{', '.join(KNOB_BY_NAME)})")
-        try:
-            value = coerce_value(knob, raw)
-        except ValueError as exc:
-            raise UserError(f"--set {item!r}: {exc}") from None
+        value = knob_value(name, raw, f"--set {item!r}")
+        knob = specs[name]
         if layer is None:
             knobs[name] = value
             continue
@@ -79,8 +77,8 @@ def parse_kv(items: list[str], flag: str) -> dict[str, str]:
 
 
 def parse_concurrency(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
+    try:  # an empty item ("1,,4", "4,") is a typo, not a value to skip
+        values = tuple(int(x) for x in text.split(","))
     except ValueError:
         values = ()
     if not values or any(v < 1 for v in values):
@@ -105,7 +103,8 @@ def measure(
     warmup: int = typer.Option(3, "--warmup", min=1, help="Warm-up steps per concurrency (discarded)."),
     warmup_s: float = typer.Option(0.5, "--warmup-s", min=0.0, help="...and warm up for at least this "
                                    "many seconds (clocks ramp up from idle)."),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto."),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto (default: cuda where "
+                               "an NVIDIA GPU is visible, else cpu; it says which and why)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch intra-op threads in the "
                                           "worker (default: 1 on a CPU, torch's default on a GPU)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds before the worker counts as hung."),
@@ -148,15 +147,18 @@ def _prepare(preset: str | None, sets: list[str], shapes: list[str], config: Pat
     from dsv4.config import PRESET_NAMES, preset as make_preset
 
     from autoopt.targets.base import EvalRequest
-    from autoopt.targets.builtin import BuiltinTarget, parse_shape
+    from autoopt.targets.builtin.limits import require_fit
+    from autoopt.targets.builtin.target import BuiltinTarget, parse_shape
 
+    if not timeout > 0:
+        raise UserError(f"--timeout {timeout:g}: expected a positive number of seconds")
     if not _DEVICE_RE.match(device):
         raise UserError(f"--device {device!r}: expected cpu, cuda, cuda:N or auto")
     knobs: dict[str, Any] = {}
     overrides: list[list[Any]] = []
     shape: dict[str, Any] = {}
     if config is not None:
-        from autoopt.config_file import load_config_file
+        from autoopt.targets.builtin.config_file import load_config_file
 
         loaded = load_config_file(config)
         preset = preset or loaded.preset
@@ -164,7 +166,10 @@ def _prepare(preset: str | None, sets: list[str], shapes: list[str], config: Pat
     preset = preset or "tiny"
     if preset not in PRESET_NAMES:
         raise UserError(f"--preset {preset!r}: expected one of {', '.join(PRESET_NAMES)}")
-    shape.update(parse_shape(parse_kv(shapes, "--shape")))
+    try:
+        shape.update(parse_shape(parse_kv(shapes, "--shape")))
+    except UserError as exc:
+        raise UserError(f"--shape: {exc}" if not str(exc).startswith("--shape") else str(exc)) from None
     try:
         model = make_preset(preset, **shape)
     except ValueError as exc:
@@ -172,12 +177,19 @@ def _prepare(preset: str | None, sets: list[str], shapes: list[str], config: Pat
     set_knobs, set_overrides = parse_sets(sets, model)
     knobs.update(set_knobs)
     overrides.extend(set_overrides)  # later entries win, so --set beats the file per layer too
+    chosen = None
+    if device == "auto":  # decided here without torch; the worker records what it really ran on
+        from autoopt.targets.builtin.devices import guess_device
+
+        guess = guess_device()
+        device, chosen = guess.device, f"device: {guess.device} ({guess.how}; --device picks another)"
     target = BuiltinTarget(preset, device, shape, warmup_steps=warmup, warmup_min_s=warmup_s, threads=threads)
-    if device == "auto":
-        target.describe()  # starts the worker, which resolves auto -> cuda | cpu for the defaults
     conc = parse_concurrency(concurrency) if concurrency else target.default_concurrency()
+    require_fit(target, conc)  # DoesNotFit (a UserError, exit 2) before any session is built
     n_min, n_max = (steps, steps) if steps else (10, 40)
     request = EvalRequest(config={**knobs, "layer_overrides": overrides}, concurrency=conc,
                           profile=profile, min_samples=n_min, max_samples=n_max, time_limit_s=timeout)
     target.normalize(request.config)  # unknown knob/value -> UserError now, before a worker starts
+    if chosen:
+        print(chosen, file=sys.stderr)  # said once the input is known good (errors stay one line)
     return target, request

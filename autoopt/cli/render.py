@@ -1,6 +1,6 @@
 """Shared rich renderers for measurements: tok/s with its CI, MBU, profile buckets as bars, the
 correctness verdict, costs and what actually ran. Commands (measure, run, show, diff) reuse these so a
-figure looks the same everywhere. Plain rich + autoopt.results; no torch.
+figure looks the same everywhere. Plain rich + autoopt.measurement; no torch.
 
 Every speed is printed with its spread ("1234 tok/s ±1.2 % [1220, 1249]"): a win inside the noise must
 look like one.
@@ -13,7 +13,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from autoopt.results import Measurement, Throughput
+from autoopt.store import analysis as an
+from autoopt.measurement import Measurement, Throughput
 
 BAR_CHAR = "█"
 COST_ORDER = ("restart", "build", "compile", "warmup", "guard", "measure", "profile", "total")
@@ -132,20 +133,31 @@ def costs_line(costs_s: dict[str, float]) -> Text:
     return Text("costs: " + " · ".join(parts))
 
 
+NEAR_TOLERANCE = 0.8  # a pass using this share of its error allowance (or agreement slack) is shown as such
+
+
 def verdict_text(correctness: dict[str, Any]) -> Text:
+    """The guard's verdict with each figure against its tolerance: a pass at 97 % of the allowed
+    error is not shown as a plain "ok"."""
     verdict = correctness.get("verdict")
     if verdict is None:
         return Text("correctness: not checked", style="yellow")
-    style = "green" if verdict == "ok" else "bold red"
+    tol = correctness.get("tolerance") if isinstance(correctness.get("tolerance"), dict) else {}
+    margins = an.guard_margins(correctness)
     details = []
     if "logits_rel_err" in correctness:
-        details.append(f"logits rel err {correctness['logits_rel_err']:.2e}")
+        of = (f" / {tol['logits_rel_err']:.2e} allowed = {margins['logits_rel_err']:.0%}"
+              if "logits_rel_err" in margins else "")
+        details.append(f"logits rel err {correctness['logits_rel_err']:.2e}{of}")
     if "token_agreement" in correctness:
-        details.append(f"token agreement {correctness['token_agreement']:.0%}")
-    tol = correctness.get("tolerance")
-    if tol:
+        of = f" (needs >= {tol['token_agreement']:.0%})" if "token_agreement" in margins else ""
+        details.append(f"token agreement {correctness['token_agreement']:.0%}{of}")
+    if tol and not margins:
         details.append(f"tolerance {tol}")
-    return Text(f"correctness: {verdict}" + (f" ({', '.join(details)})" if details else ""), style=style)
+    near = verdict == "ok" and any(v >= NEAR_TOLERANCE for v in margins.values())
+    shown = "ok, near the tolerance" if near else verdict
+    style = "yellow" if near else "green" if verdict == "ok" else "bold red"
+    return Text(f"correctness: {shown}" + (f" ({', '.join(details)})" if details else ""), style=style)
 
 
 def failure_text(m: Measurement, tail_lines: int = 15) -> RenderableType:

@@ -1,6 +1,10 @@
 """Rich rendering of the history / show / diff / best documents (autoopt.store.reports).
 
-Tables fit the terminal: long cells (params, reasons) do not wrap and end in an ellipsis.
+Tables fit the terminal: long cells (params, reasons) wrap inside their column (`history`) or end in
+an ellipsis (the key/value tables, where the full value is printed below or in --json); `history
+--wide` prints every row on one line at its natural width. Every cell is data, never rich markup
+(a knob key like `mhc_gemm[c4]` would otherwise vanish as a style tag): str cells become Text and
+user data inside a markup line is escaped.
 Nothing here computes a figure: every number comes from the document.
 """
 from __future__ import annotations
@@ -9,6 +13,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -36,6 +41,51 @@ def tps(iv: dict[str, float] | None) -> str:
     if not iv:
         return "-"
     return f"{iv['median']:.1f} [{iv['ci_low']:.1f}, {iv['ci_high']:.1f}]"
+
+
+TOK_PER_S_UNIT = {"quantity": "tok_per_s", "unit": "tok/s", "direction": "maximize", "text": "tok/s, higher is better"}
+
+
+def objective_unit(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the document's objective measures (analysis.ObjectiveUnit.to_json); tok/s when absent."""
+    return doc.get("objective_unit") or TOK_PER_S_UNIT
+
+
+def value_label(unit: dict[str, Any]) -> str:
+    """The column heading of the objective's values: "tok/s", "time ms"."""
+    if unit["quantity"] == "tok_per_s":
+        return "tok/s"
+    return f"{unit['quantity']} {unit['unit'] or '(unit not recorded)'}"
+
+
+def value_text(iv: dict[str, float] | None, unit: dict[str, Any]) -> str:
+    """An interval in the objective's own unit: tok/s with one decimal, anything else (ms of a
+    replayed kernel can be 0.0123) with four significant digits."""
+    if not iv or unit["quantity"] == "tok_per_s":
+        return tps(iv)
+    return f"{iv['median']:.4g} [{iv['ci_low']:.4g}, {iv['ci_high']:.4g}]"
+
+
+def objective_text(doc: dict[str, Any]) -> str:
+    """"tok_per_s@64 (tok/s, higher is better)", or for a replayed minimised column
+    "tok_per_s@1 = 1/time (time in ms, lower is better)": the stored name, what it is, which way is up."""
+    unit, obj = objective_unit(doc), doc.get("objective") or "-"
+    stored = f" = {unit['stored_as']}" if unit.get("stored_as", unit["quantity"]) != unit["quantity"] else ""
+    return f"{obj}{stored} ({unit['text']})"
+
+
+def objective_heading(doc: dict[str, Any]) -> str:
+    """The history's objective column: "tok/s@64", or a replayed table's "time ms"."""
+    unit, obj = objective_unit(doc), doc.get("objective") or "objective"
+    return obj.replace("tok_per_s", "tok/s") if unit["quantity"] == "tok_per_s" else value_label(unit)
+
+
+def baselines_text(doc: dict[str, Any]) -> str:
+    """"baseline #0", or "baselines #0, #41 (each trial against its own run's)"."""
+    numbers = doc.get("baselines") or ([doc["baseline_number"]] if doc.get("baseline_number") is not None else [])
+    if len(numbers) > 1:
+        return f"baselines {', '.join(f'#{n}' for n in numbers)} (each trial against its own run's)"
+    return f"baseline #{numbers[0]}" if numbers else "baseline #-"
 
 
 def ratio(iv: dict[str, float] | None) -> str:
@@ -78,11 +128,13 @@ def _table(title: str | None = None) -> Table:
 
 
 def fitted(columns: list[tuple[Any, ...]], rows: list[list[Any]], title: str | None = None,
-           width: int | None = None) -> Table:
+           width: int | None = None, wrap: bool = False) -> Table:
     """A table that fits `width` (default: the terminal): fixed columns keep their full width; the
-    flexible ones (flag True) share what is left and end in an ellipsis. columns: (header, justify,
-    flexible[, cap: the most a flexible column takes while the terminal is too narrow])."""
+    flexible ones (flag True) share what is left and end in an ellipsis, or with `wrap` continue
+    on the next lines of their column. columns: (header, justify, flexible[, cap: the most a
+    flexible column takes while the terminal is too narrow])."""
     width = width or console().width
+    rows = [[c if isinstance(c, Text) else Text(str(c)) for c in r] for r in rows]
     want = []
     for i, col in enumerate(columns):
         cells = [col[0]] + [c.plain if isinstance(c, Text) else str(c) for c in (r[i] for r in rows)]
@@ -102,8 +154,8 @@ def fitted(columns: list[tuple[Any, ...]], rows: list[list[Any]], title: str | N
             left -= widths[i]
     t = _table(title)
     for i, (header, justify, flexible, *_) in enumerate(columns):
-        t.add_column(header, justify=justify, no_wrap=True, width=widths[i],
-                     overflow="ellipsis" if flexible else "fold")
+        t.add_column(header, justify=justify, no_wrap=not (wrap and flexible), width=widths[i],
+                     overflow="fold" if wrap or not flexible else "ellipsis")
     for r in rows:
         t.add_row(*r)
     return t
@@ -119,13 +171,11 @@ def _state(state: str) -> Text:
     return Text(state, style=STATE_STYLE.get(state, ""))
 
 
-def render_history(doc: dict[str, Any]) -> None:
-    con = console()
+def render_history(doc: dict[str, Any], best_number: int | None = None, wide: bool = False) -> None:
+    """`best_number`: the trial `autoopt best` would take (marked >); `wide`: one line per row."""
     obj = doc["objective"] or "objective"
+    unit = objective_unit(doc)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(doc["counts"].items()))
-    base = doc["baseline_number"]
-    line(con, f"study [bold]{doc['study']}[/]  ({doc['total']} trials: {counts})  objective {obj}  "
-              f"baseline #{base if base is not None else '-'}")
     rows = []
     for r in doc["trials"]:
         sp = r["speedup"]
@@ -139,14 +189,54 @@ def render_history(doc: dict[str, Any]) -> None:
             detail = params_text(r["params"])
         else:
             detail = params_text(r["changes"]) if r["changes"] else "= baseline"
-        rows.append([f"{r['number']}{'b' if r['baseline'] else ''}", _state(r["state"]),
-                     tps(r["objective"]), sp_text, secs(r["cost_s"]), r["source"] or "-", detail])
-    t = fitted([("#", "right", False), ("state", "left", False), (f"{obj.replace('tok_per_s', 'tok/s')} [95% CI]", "right", False),
-                ("speedup", "right", False), ("cost", "right", False), ("source", "left", True, 10),
-                ("vs baseline / failure", "left", True)], rows)
-    con.print(t)
-    line(con, "[dim]* = faster than the baseline outside the noise (CI low > baseline CI high); "
-              "b = baseline[/]")
+        mark = ">" if r["number"] == best_number else " "
+        number = Text(f"{mark}{r['number']}{'b' if r['baseline'] else ''}",
+                      style="bold green" if mark == ">" else "")
+        rows.append([number, _state(r["state"]), Text(value_text(r.get("objective_value"), unit)), sp_text,
+                     Text(secs(r["cost_s"])), Text(r["source"] or "-"), Text(detail)])
+    columns = [("#", "right", False), ("state", "left", False),
+               (f"{objective_heading(doc)} [95% CI]", "right", False),
+               ("speedup", "right", False), ("cost", "right", False), ("source", "left", True, 12),
+               ("vs baseline / failure", "left", True)]
+    natural = _natural_width(columns, rows)
+    con = console() if not wide else Console(width=natural, soft_wrap=False, highlight=False)
+    line(con, f"study [bold]{escape(doc['study'])}[/]  ({doc['total']} trials: {escape(counts)})  "
+              f"objective {escape(objective_text(doc))}  {escape(baselines_text(doc))}")
+    if wide or natural <= con.width:
+        con.print(fitted(columns, rows, width=natural))
+    else:  # too narrow for one line a trial: the long cell goes on its own line, in full
+        _two_line_rows(con, columns, rows)
+    legend = "* = faster than the baseline outside the noise (CI low > baseline CI high); b = baseline"
+    if best_number is not None:
+        legend = f"> = the best (autoopt best: trial {best_number}); " + legend
+    line(con, Text(legend, style="dim"))
+
+
+def _two_line_rows(con: Console, columns: list[tuple[Any, ...]], rows: list[list[Text]]) -> None:
+    """Every column but the last as an aligned line, the last (changes / failure) below it,
+    indented and wrapped at the terminal's width: nothing is cut."""
+    head = [Text(c[0], style="bold") for c in columns[:-1]]
+    widths = [max(len(r[i].plain) for r in rows + [head]) for i in range(len(columns) - 1)]
+
+    def aligned(cells: list[Text]) -> Text:
+        out = Text()
+        for i, (cell, width) in enumerate(zip(cells, widths)):
+            pad = " " * (width - len(cell.plain))
+            out.append_text(Text(pad) + cell if columns[i][1] == "right" else cell + Text(pad))
+            out.append("  ")
+        return out
+
+    con.print(aligned(head) + Text("\n      " + columns[-1][0], style="bold"))
+    for r in rows:
+        con.print(aligned(r[:-1]))
+        con.print(Text("      ") + r[-1], overflow="fold")
+
+
+def _natural_width(columns: list[tuple[Any, ...]], rows: list[list[Any]]) -> int:
+    """The width at which no cell of the table is cut or wrapped."""
+    cells = [[c.plain if isinstance(c, Text) else str(c) for c in r] for r in rows]
+    widths = [max([len(col[0])] + [len(r[i]) for r in cells]) for i, col in enumerate(columns)]
+    return sum(widths) + 3 * (len(columns) - 1)
 
 
 def _kv_table(title: str, items: dict[str, Any]) -> Table:
@@ -155,18 +245,27 @@ def _kv_table(title: str, items: dict[str, Any]) -> Table:
     return fitted([("key", "left", False), ("value", "left", True)], rows, title)
 
 
+def _per_concurrency(figures: dict[str, dict[str, Any]], unit: dict[str, Any]) -> Table:
+    """`show`'s figures per C, in the objective's unit, with MBU and the speed-up."""
+    rows = [[c, value_text(f.get("value", f), unit), str(f["n"]), "-" if f["mbu"] is None else f"{f['mbu']:.0%}",
+             ratio(f["speedup"])] for c, f in figures.items()]
+    label = value_label(unit)
+    return fitted([("C", "right", False), (f"{label} [95% CI]", "right", False), ("n", "right", False),
+                   ("MBU", "right", False), ("speedup vs baseline", "right", False)], rows, label)
+
+
 def render_show(doc: dict[str, Any]) -> None:
     con = console()
-    tr = doc["trial"]
+    tr, unit = doc["trial"], objective_unit(doc)
+    base = doc.get("baseline_number")
     line(con, Text.assemble(f"trial {tr['number']}  ", _state(tr["state"]),
                             f"  study {doc['study']}  id {tr['trial_id']}  run {tr['run_id']}  "
                             f"{'(baseline)' if tr['baseline'] else ''}"))
+    line(con, Text(f"objective {objective_text(doc)}; speed-ups over "
+                   f"{'baseline #' + str(base) if base is not None else 'no baseline'} (this trial's run's)"))
     con.print(_kv_table("config", tr["config"]))
     if tr["tok_per_s"]:
-        rows = [[c, tps(f), str(f["n"]), "-" if f["mbu"] is None else f"{f['mbu']:.0%}", ratio(f["speedup"])]
-                for c, f in tr["tok_per_s"].items()]
-        con.print(fitted([("C", "right", False), ("tok/s [95% CI]", "right", False), ("n", "right", False),
-                          ("MBU", "right", False), ("speedup vs baseline", "right", False)], rows, "tok/s"))
+        con.print(_per_concurrency(tr["tok_per_s"], unit))
     if tr["buckets_ms"]:
         total = sum(tr["buckets_ms"].values())
         cov = tr["bucket_coverage"]
@@ -192,6 +291,10 @@ def render_show(doc: dict[str, Any]) -> None:
         why["gain vs baseline"] = f"{tr['gain_vs_baseline']:+.1%}"
     if d.get("expected_cost_s") is not None:
         why["expected cost"] = secs(d["expected_cost_s"])
+    t = tr.get("transition") or {}
+    if t.get("predicted_s") is not None:  # the cost model's prediction vs what the switch took
+        why["transition predicted"] = (f"{secs(t['predicted_s'])} ({t['predicted_class']}), actual "
+                                       f"{secs(t['actual_s'])} ({t['restart_class'] or '-'})")
     con.print(_kv_table("why chosen", why))
     line(con, Text(f"why chosen: {d.get('reason') or '-'}"))  # in full: the one line a table would cut
     for diag in tr["diagnoses"]:
@@ -203,6 +306,10 @@ def render_show(doc: dict[str, Any]) -> None:
             con.print("[bold]stderr (tail):[/]")
             for text in f["stderr_tail"].splitlines()[-20:]:
                 line(con, Text(text, style="dim"))
+    if tr["correctness"]:  # the verdict against its tolerances (a pass near the limit says so)
+        from autoopt.cli.render import verdict_text
+
+        line(con, verdict_text(tr["correctness"]))
     for title in ("correctness", "what_ran", "environment"):
         if tr[title]:
             con.print(_kv_table(title.replace("_", " "), tr[title]))
@@ -210,22 +317,24 @@ def render_show(doc: dict[str, Any]) -> None:
 
 def render_diff(doc: dict[str, Any]) -> None:
     con = console()
-    a, b = doc["a"], doc["b"]
-    line(con, f"study [bold]{doc['study']}[/]: A = trial {a['number']} ({a['state']})  "
-              f"B = trial {b['number']} ({b['state']})")
+    a, b, unit = doc["a"], doc["b"], objective_unit(doc)
+    line(con, f"study [bold]{escape(doc['study'])}[/]: A = trial {a['number']} ({a['state']})  "
+              f"B = trial {b['number']} ({b['state']})  objective {escape(objective_text(doc))}")
     t = _table("knobs that differ")
     t.add_column("knob", no_wrap=True, style="bold")
     t.add_column("A", no_wrap=True, overflow="ellipsis")
     t.add_column("B", no_wrap=True, overflow="ellipsis")
     for k in doc["knobs"]:
-        t.add_row(k["name"], str(k["a"]), str(k["b"]))
+        t.add_row(Text(str(k["name"])), Text(str(k["a"])), Text(str(k["b"])))
     con.print(t if doc["knobs"] else "no knob differs")
     if doc["tok_per_s"]:
-        rows = [[str(r["concurrency"]), tps(r["a"]), tps(r["b"]), gain(r["ratio"]), r["significant"] or "-"]
+        rows = [[str(r["concurrency"]), value_text(r.get("a_value", r["a"]), unit),
+                 value_text(r.get("b_value", r["b"]), unit), gain(r["ratio"]), r["significant"] or "-"]
                 for r in doc["tok_per_s"]]
-        con.print(fitted([("C", "right", False), ("A tok/s [95% CI]", "right", False),
-                          ("B tok/s [95% CI]", "right", False), ("B vs A [CI]", "right", False),
-                          ("verdict", "left", True)], rows, "tok/s per concurrency"))
+        label = value_label(unit)
+        con.print(fitted([("C", "right", False), (f"A {label} [95% CI]", "right", False),
+                          (f"B {label} [95% CI]", "right", False), ("B speed-up vs A [CI]", "right", False),
+                          ("verdict", "left", True)], rows, f"{label} per concurrency"))
     if doc["buckets"]:
         top = max(abs(r["delta_ms"]) for r in doc["buckets"]) or 1.0
         rows = []
@@ -249,17 +358,22 @@ def render_diff(doc: dict[str, Any]) -> None:
 
 def render_best(doc: dict[str, Any]) -> None:
     con = console()
-    tr, base = doc["trial"], doc["baseline"]
-    head = (f"best in study [bold]{doc['study']}[/] by {doc['objective']}: trial {tr['number']}"
+    tr, base, unit = doc["trial"], doc["baseline"], objective_unit(doc)
+    study = escape(doc["study"])
+    head = (f"best in study [bold]{study}[/] by {escape(objective_text(doc))}: trial {tr['number']}"
             if doc["significant"] else
-            f"study [bold]{doc['study']}[/]: trial {tr['number']} (no gain outside the noise)")
+            f"study [bold]{study}[/]: trial {tr['number']} (no gain outside the noise; objective "
+            f"{escape(objective_text(doc))})")
     line(con, head)
     t = _table()
-    base_label = f"baseline #{base['number']} tok/s" if base else "baseline"
-    for col in ("C", f"trial {tr['number']} tok/s [95% CI]", base_label, "speedup [CI]"):
+    label = value_label(unit)
+    base_label = f"baseline #{base['number']} {label}" if base else "baseline"
+    for col in ("C", f"trial {tr['number']} {label} [95% CI]", base_label, "speedup [CI]"):
         t.add_column(col, justify="right", no_wrap=True)
-    for c, iv in doc["tok_per_s"].items():
-        t.add_row(c, tps(iv), tps(doc["baseline_tok_per_s"].get(c)), ratio(doc["speedup"].get(c)))
+    values, base_values = doc.get("values", doc["tok_per_s"]), doc.get("baseline_values", doc["baseline_tok_per_s"])
+    for c, iv in values.items():
+        t.add_row(Text(str(c)), value_text(iv, unit), value_text(base_values.get(c), unit),
+                  ratio(doc["speedup"].get(c)))
     con.print(t)
     con.print(_kv_table("params", tr["params"]))
     line(con, Text(f"rule: {doc['rule']}", style="dim"))

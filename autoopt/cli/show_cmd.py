@@ -19,10 +19,10 @@ def show_command(
 ) -> None:
     """Show one trial: what ran, how fast (with CI), where the time went, why it was chosen."""
     from autoopt.cli.render_history import print_json, render_show
-    from autoopt.store import Store
+    from autoopt.store.reading import open_for_reading
     from autoopt.store.reports import show
 
-    with Store.open(db, create=False) as store:
+    with open_for_reading(db) as store:
         doc = show(store, trial, study)
     if as_json:
         print_json(doc)

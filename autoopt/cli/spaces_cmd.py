@@ -32,16 +32,16 @@ def spaces(
 
       autoopt spaces dsv4_flash_decode --json
     """
-    from autoopt.space import SearchSpace
-    from autoopt.space_doc import list_space_files
+    from autoopt.space.document import list_space_files
+    from autoopt.targets.declared import load_declared
 
     entries: list[dict[str, Any]] = []
     if name is not None:
-        entries.append(SearchSpace.load(name).to_dict())  # SpaceError -> exit 2
+        entries.append(load_declared(name).to_dict())  # SpaceError -> exit 2
     else:
         for path in list_space_files():
             try:
-                entries.append(SearchSpace.load(path).to_dict())
+                entries.append(load_declared(path).to_dict())
             except UserError as exc:
                 entries.append({"name": path.stem, "path": str(path), "error": str(exc)})
     if as_json:

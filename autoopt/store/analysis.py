@@ -7,8 +7,10 @@ Definitions (also in db/README.md):
               [T.lo / B.hi, T.hi / B.lo] (the extreme ratios of the two CIs).
   significant T.lo > B.hi at C (equivalently speedup interval entirely above 1): the two 95 %
               intervals do not overlap, so the gain is outside the noise.
-  best        among successful trials other than the baseline that are significant, the highest
-              median at C (ties: higher CI low end); when none is, the baseline itself (no gain).
+  best        among successful trials other than the baselines that are significant over the
+              baseline of their session (the latest measured before them: every run measures its
+              own), the highest speed-up at C, i.e. among one session's trials the highest median
+              (ties: higher CI low end); when none is, the latest baseline itself (no gain).
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from autoopt import stats
 from autoopt.errors import UserError
-from autoopt.results import Throughput
+from autoopt.measurement import Throughput
 
 _OBJECTIVE = re.compile(r"^(tok_per_s)(?:@(\d+))?$")
 OBJECTIVE_HELP = "tok_per_s or tok_per_s@<concurrency> (e.g. tok_per_s@16)"
@@ -90,10 +93,8 @@ def interval(tp: Throughput | None) -> dict[str, float] | None:
 
 def speedup(t: Throughput | None, base: Throughput | None) -> dict[str, float] | None:
     """Ratio of two tok/s figures with the conservative interval [t.lo/b.hi, t.hi/b.lo]."""
-    if t is None or base is None or base.median <= 0 or base.ci_low <= 0 or base.ci_high <= 0:
-        return None
-    return {"median": t.median / base.median, "ci_low": t.ci_low / base.ci_high,
-            "ci_high": t.ci_high / base.ci_low}
+    found = stats.speedup(t, base) if t is not None and base is not None else None
+    return found.to_dict() if found is not None else None
 
 
 def significant(t: Throughput | None, base: Throughput | None) -> bool:
@@ -111,6 +112,56 @@ def speedups(trial: Any, base: Any) -> dict[int, dict[str, float]]:
         if s is not None:
             out[c] = s
     return out
+
+
+@dataclass(frozen=True)
+class ObjectiveUnit:
+    """What the objective measures, as the target that measured it said (the trials' recorded
+    environment): the built-in and server targets measure tok/s (higher is better); a replayed table
+    names its own column, unit and direction. The stored figure is always a rate, higher is better:
+    a minimised column (a Kernel Tuner `time` in ms) is stored as its reciprocal, so speed-ups and
+    significance read the same for both, and `value` turns a stored interval back into the column's."""
+
+    quantity: str  # "tok_per_s", or the replay table's objective column ("time")
+    unit: str | None  # "tok/s", "ms", ...; None when the table did not say
+    direction: str  # "maximize" | "minimize"
+
+    @property
+    def reciprocal(self) -> bool:
+        return self.direction == "minimize"
+
+    def value(self, iv: dict[str, float] | None) -> dict[str, float] | None:
+        """A stored interval (median, ci_low, ci_high) in the objective's own unit."""
+        if iv is None or not self.reciprocal:
+            return iv
+        inv = lambda x: 1.0 / x if x else float("inf")  # noqa: E731
+        return {"median": inv(iv["median"]), "ci_low": inv(iv["ci_high"]), "ci_high": inv(iv["ci_low"])}
+
+    def describe(self) -> str:
+        """e.g. "tok/s, higher is better" or "time in ms, lower is better"."""
+        better = "lower is better" if self.reciprocal else "higher is better"
+        if self.quantity == "tok_per_s":
+            return f"tok/s, {better}"
+        return f"{self.quantity} {f'in {self.unit}' if self.unit else '(unit not recorded)'}, {better}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"quantity": self.quantity, "unit": self.unit, "direction": self.direction,
+                "stored_as": f"1/{self.quantity}" if self.reciprocal else self.quantity,
+                "text": self.describe()}
+
+
+TOK_PER_S = ObjectiveUnit("tok_per_s", "tok/s", "maximize")
+
+
+def objective_unit(trials: Sequence[Any]) -> ObjectiveUnit:
+    """The study's objective as its target recorded it in each measurement's environment (a replay
+    table: objective column, unit, direction); tok/s for every other target."""
+    for t in trials:
+        env = t.measurement.environment if t.measurement is not None else {}
+        if env.get("target") == "replay" and env.get("objective"):
+            direction = "minimize" if env.get("direction") == "minimize" else "maximize"
+            return ObjectiveUnit(str(env["objective"]), env.get("unit"), direction)
+    return TOK_PER_S
 
 
 @dataclass
@@ -135,18 +186,49 @@ def best_outside_noise(cands: Sequence[tuple[Any, Throughput, int]], base_fig: T
     return best[0], len(sig)
 
 
-def select_best(trials: Sequence[Any], baseline: Any, c: int) -> BestChoice:
-    """The best trial at concurrency c by the rule in this module's docstring."""
-    base_fig = figure(baseline, c)
-    if baseline is None or base_fig is None:
+def session_baselines(trials: Sequence[Any]) -> list[Any]:
+    """The study's successful baselines in number order (every run measures its own)."""
+    return [t for t in trials if t.is_baseline and t.state == "ok"]
+
+
+def baseline_before(trial: Any, baselines: Sequence[Any]) -> Any:
+    """The baseline a trial is compared with: the latest successful baseline measured before it (every
+    run measures its own; runs at the same time share one), else the first one there is."""
+    earlier = [b for b in baselines if b.number <= trial.number]
+    return earlier[-1] if earlier else (baselines[0] if baselines else None)
+
+
+def select_best(trials: Sequence[Any], baselines: Sequence[Any] | Any, c: int) -> BestChoice:
+    """The best trial at concurrency c by the rule in this module's docstring, each trial against
+    the baseline of its session (baseline_before); among trials of one session, the highest median."""
+    if not isinstance(baselines, (list, tuple)):  # one baseline record (or None)
+        baselines = [baselines] if baselines is not None else []
+    baselines = [b for b in baselines if figure(b, c) is not None]
+    if not baselines:
         raise UserError(f"the study has no successful baseline measured at C={c}: a gain cannot be "
                         f"told from noise without one (export a trial explicitly with --trial N)")
-    cands = [(t, figure(t, c), t.number) for t in trials
-             if t.trial_id != baseline.trial_id and figure(t, c) is not None]
-    best, n_sig = best_outside_noise(cands, base_fig)
-    if best is None:
-        return BestChoice(baseline, baseline, c, False, len(cands), 0)
-    return BestChoice(best, baseline, c, True, len(cands), n_sig)
+    ids = {b.trial_id for b in baselines}
+    cands = [t for t in trials if t.trial_id not in ids and figure(t, c) is not None]
+    sig = [t for t in cands if significant(figure(t, c), figure(baseline_before(t, baselines), c))]
+    if not sig:
+        return BestChoice(baselines[-1], baselines[-1], c, False, len(cands), 0)
+    ratio = lambda t: figure(t, c).median / figure(baseline_before(t, baselines), c).median  # noqa: E731
+    best = max(sig, key=lambda t: (ratio(t), figure(t, c).ci_low, -t.number))
+    return BestChoice(best, baseline_before(best, baselines), c, True, len(cands), len(sig))
+
+
+def guard_margins(correctness: dict[str, Any]) -> dict[str, float]:
+    """How much of each allowance a guard verdict used: error / tolerance, and for token agreement
+    the share of the allowed disagreement (1 - agreement) / (1 - minimum)."""
+    tol = correctness.get("tolerance") if isinstance(correctness.get("tolerance"), dict) else {}
+    out = {}
+    err, err_tol = correctness.get("logits_rel_err"), tol.get("logits_rel_err")
+    if isinstance(err, (int, float)) and isinstance(err_tol, (int, float)) and err_tol > 0:
+        out["logits_rel_err"] = err / err_tol
+    agree, agree_min = correctness.get("token_agreement"), tol.get("token_agreement")
+    if isinstance(agree, (int, float)) and isinstance(agree_min, (int, float)) and agree_min < 1:
+        out["token_agreement"] = (1 - agree) / (1 - agree_min)
+    return out
 
 
 def knob_diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:

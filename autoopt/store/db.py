@@ -11,8 +11,6 @@ waits up to `busy_timeout_s` for a lock, and autoopt's write transactions start 
 from __future__ import annotations
 
 import contextlib
-import os
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,17 +19,11 @@ from sqlalchemy.engine import Connection, Engine, URL, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError
 
 from autoopt.errors import StoreError
+from autoopt.store.driver_errors import explain
+from autoopt.store.sqlite_files import (  # noqa: F401  (ENV_VAR, VERSION_TABLE, HEAD_REVISION: re-exported)
+    DEFAULT_BUSY_TIMEOUT_S, ENV_VAR, HEAD_REVISION, VERSION_TABLE, connect_read_only, spelled_url)
 
-try:  # POSIX only; without it concurrent first-time creation of a SQLite file is not serialised
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
-
-ENV_VAR = "AUTOOPT_DB"
-DEFAULT_RELATIVE_PATH = Path("db") / "autoopt.sqlite"
-VERSION_TABLE = "autoopt_alembic_version"
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
-DEFAULT_BUSY_TIMEOUT_S = 60.0
 _PG_MIGRATION_LOCK_KEY = 0x6175746F6F7074  # "autoopt": pg_advisory_xact_lock key for migrations
 # first-time setup (migrations AND Optuna's table creation), held on a connection of its own; a key
 # apart from the migrations' so the migration inside it does not wait on its own process
@@ -53,14 +45,7 @@ def resolve_url(url: str | None, *, cwd: Path | None = None) -> tuple[str, bool]
     URL means the same file from any working directory (worker subprocesses, optuna-dashboard).
     """
     base = cwd or Path.cwd()
-    is_default = False
-    if not url:
-        url = os.environ.get(ENV_VAR) or None
-    if not url:
-        url = f"sqlite:///{(base / DEFAULT_RELATIVE_PATH).resolve()}"
-        is_default = True
-    elif "://" not in url:
-        url = f"sqlite:///{(base / Path(url).expanduser()).resolve()}"
+    url, is_default = spelled_url(url, base)
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -98,12 +83,18 @@ def _sqlite_pragmas(dbapi_conn: Any, busy_timeout_s: float) -> None:
         cur.close()
 
 
-def make_engine(url: str, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> Engine:
-    """autoopt's own engine. SQLite: WAL, busy timeout, explicit BEGIN / BEGIN IMMEDIATE."""
+def make_engine(url: str, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+                read_only: bool = False) -> Engine:
+    """autoopt's own engine. SQLite: WAL, busy timeout, explicit BEGIN / BEGIN IMMEDIATE.
+    read_only: SQLite opened with mode=ro (never writes, never switches the journal), and immutable
+    where WAL's side files can neither be found nor created (a read-only directory or file system)."""
     shown = display_url(url)
     backend = make_url(url).get_backend_name()
     kwargs: dict[str, Any] = {"future": True}
-    if backend == "sqlite":
+    if backend == "sqlite" and read_only:
+        kwargs["creator"] = _read_only_connector(sqlite_path(url), busy_timeout_s)
+        url = "sqlite://"
+    elif backend == "sqlite":
         kwargs["connect_args"] = {"timeout": busy_timeout_s}
     else:
         kwargs["pool_pre_ping"] = True
@@ -121,13 +112,18 @@ def make_engine(url: str, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
             dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see _on_begin)
-            _sqlite_pragmas(dbapi_conn, busy_timeout_s)
+            if not read_only:
+                _sqlite_pragmas(dbapi_conn, busy_timeout_s)
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
             mode = conn.get_execution_options().get("autoopt_begin", "DEFERRED")
             conn.exec_driver_sql(f"BEGIN {mode}")
     return engine
+
+
+def _read_only_connector(path: Path | None, busy_timeout_s: float) -> Any:
+    return lambda: connect_read_only(Path(path or ""), busy_timeout_s)
 
 
 @contextlib.contextmanager
@@ -147,71 +143,6 @@ def guarded_write(engine: Engine, url: str, what: str) -> Iterator[Connection]:
             yield conn
     except DatabaseError as exc:
         raise StoreError(f"cannot {what} in {display_url(url)}: {_first_line(exc)}") from None
-
-
-@contextlib.contextmanager
-def setup_lock(url: str, timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> Iterator[None]:
-    """Serialise first-time setup (our migrations, Optuna's table creation) of one database across
-    processes: SQLite with an flock on '<file>-lock'; PostgreSQL with a session advisory lock (two
-    processes creating Optuna's tables at once otherwise clash on CREATE TYPE: found by
-    tests/test_postgres.py). Other back-ends: no lock."""
-    if make_url(url).get_backend_name() == "postgresql":
-        with _pg_setup_lock(url, timeout_s):
-            yield
-        return
-    path = sqlite_path(url)
-    if path is None or fcntl is None:
-        yield
-        return
-    lock_path = Path(f"{path}-lock")
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o664)
-    except OSError as exc:
-        raise StoreError(f"database {display_url(url)}: cannot create lock file {lock_path}: "
-                         f"{exc.strerror}") from None
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise StoreError(f"database {display_url(url)}: another process holds {lock_path} "
-                                     f"for more than {timeout_s:.0f} s") from None
-                time.sleep(0.05)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _pg_setup_lock(url: str, timeout_s: float) -> Iterator[None]:
-    from sqlalchemy.pool import NullPool
-
-    engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 10})
-    try:
-        with engine.connect() as conn:
-            deadline = time.monotonic() + timeout_s
-            while not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _PG_SETUP_LOCK_KEY}).scalar():
-                conn.rollback()
-                if time.monotonic() > deadline:
-                    raise StoreError(f"database {display_url(url)}: another process has been setting it "
-                                     f"up for more than {timeout_s:.0f} s")
-                time.sleep(0.05)
-            conn.commit()
-            try:
-                yield
-            finally:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_SETUP_LOCK_KEY})
-                conn.commit()
-    except DatabaseError as exc:
-        raise StoreError(f"database {display_url(url)} cannot be set up: {_first_line(exc)}") from None
-    finally:
-        engine.dispose()
 
 
 def check_reachable(url: str, *, create: bool, is_default: bool) -> None:
@@ -243,13 +174,16 @@ def alembic_config(connection: Connection | None = None) -> Any:
 
 
 def current_revision(conn: Connection) -> str | None:
-    from alembic.runtime.migration import MigrationContext
+    """The revision in autoopt's version row (None: no autoopt tables yet), read with plain SQL."""
+    from sqlalchemy import inspect
 
-    ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-    return ctx.get_current_revision()
+    if not inspect(conn).has_table(VERSION_TABLE):
+        return None
+    return conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
 
 
 def head_revision() -> str:
+    """alembic's head of autoopt/store/migrations (imports alembic: for migrating and the tests)."""
     from alembic.script import ScriptDirectory
 
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
@@ -263,16 +197,37 @@ def _known_revisions() -> set[str]:
     return {s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
 
 
+def _read_revision(engine: Engine, url: str) -> str | None:
+    try:
+        with engine.connect() as conn:
+            return current_revision(conn)
+    except DatabaseError as exc:
+        raise StoreError(f"database {display_url(url)} cannot be read: {_first_line(exc)}") from None
+
+
 def needs_migration(engine: Engine, url: str) -> bool:
     """Whether the schema is behind head (a plain read: no lock, no write). StoreError when the
     database carries a revision newer than this autoopt knows."""
-    try:
-        with engine.connect() as conn:
-            rev = current_revision(conn)
-    except DatabaseError as exc:
-        raise StoreError(f"database {display_url(url)} cannot be read: {_first_line(exc)}") from None
+    rev = _read_revision(engine, url)
+    if rev == HEAD_REVISION:
+        return False
     _refuse_unknown(rev, url)
-    return rev != head_revision()
+    return True
+
+
+def check_readable(engine: Engine, url: str) -> None:
+    """The read path's schema check: the version row against HEAD_REVISION, no alembic, no writes.
+    StoreError when the file holds no autoopt tables or a schema this autoopt cannot read."""
+    rev = _read_revision(engine, url)
+    if rev == HEAD_REVISION:
+        return
+    if rev is None:
+        raise StoreError(f"database {display_url(url)} holds no autoopt tables: run `autoopt run` on it "
+                         "first, or pass --db / set $AUTOOPT_DB to an autoopt database")
+    _refuse_unknown(rev, url)
+    raise StoreError(f"database {display_url(url)} has autoopt schema revision {rev!r}, older than this "
+                     f"autoopt's {HEAD_REVISION!r}: a reading command does not migrate; run `autoopt run` "
+                     "on it once (that upgrades it)")
 
 
 def _refuse_unknown(rev: str | None, url: str) -> None:
@@ -308,8 +263,7 @@ def migrate(engine: Engine, url: str, *, target: str = "head", down: bool = Fals
 
 
 def _first_line(exc: BaseException) -> str:
-    orig = getattr(exc, "orig", None) or exc
-    return str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    return explain(exc)
 
 
 def first_line(exc: BaseException) -> str:

@@ -18,7 +18,8 @@ from typing import Any, Iterator, Mapping, Sequence
 from sqlalchemy.exc import DatabaseError
 
 from autoopt.errors import StoreError
-from autoopt.store.db import display_url, setup_lock, sqlite_path
+from autoopt.store.db import display_url, first_line, sqlite_path
+from autoopt.store.locks import setup_lock
 
 RUN_ID_ATTR = "autoopt:run_id"  # system attr on each Optuna trial: the autoopt run that owns it
 PARAMS_ATTR = "autoopt:params"  # user attr: the full flat params (shown by optuna-dashboard)
@@ -34,8 +35,8 @@ def guarded(storage: Any, what: str) -> Iterator[None]:
     try:
         yield
     except (StorageInternalError, DatabaseError) as exc:
-        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise StoreError(f"cannot {what} in {display_url(storage.url)}: {line}") from None
+        # Optuna's own words ("An exception is raised during the commit ...") hide the cause
+        raise StoreError(f"cannot {what} in {display_url(storage.url)}: {first_line(exc)}") from None
 
 
 def make_storage(url: str, busy_timeout_s: float) -> Any:

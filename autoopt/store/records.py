@@ -1,4 +1,6 @@
-"""Plain records the store hands out (no SQLAlchemy objects escape), and their row <-> record maps."""
+"""Plain records the store hands out (no SQLAlchemy objects escape), and their row <-> record maps.
+A trial's decision and result are autoopt.trial's typed records, read back through their one
+(de)serialiser."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,14 +10,14 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from autoopt.errors import StoreError
-from autoopt.results import Failure, Measurement, Throughput
-from autoopt.store.models import BucketRow, CostRow, Run, SampleRow, ThroughputRow, TrialRow
+from autoopt.measurement import Failure, Measurement, Throughput
+from autoopt.trial import APPLY_PHASES, Decision, TrialResult
 
-TRIAL_STATES = ("running", "ok", "wrong", "failed", "interrupted")
-FINISHED_STATES = ("ok", "wrong", "failed", "interrupted")
+if TYPE_CHECKING:  # the readers hand plain rows with the same attributes (autoopt.store.queries)
+    from autoopt.store.models import BucketRow, CostRow, Run, SampleRow, ThroughputRow, TrialRow
 # Measurement fields stored as rows/columns rather than in trial.measurement_rest
 _ROW_FIELDS = ("tok_per_s", "mbu", "buckets_ms", "costs_s", "environment", "failure",
                "bucket_coverage", "kernel_count", "peak_memory_bytes", "config")
@@ -69,14 +71,11 @@ class TrialRecord:
     params: dict[str, Any]
     config: dict[str, Any]
     measurement: Measurement | None  # None while running / when interrupted before measuring
-    objective: float | None
-    objective_ci: tuple[float, float] | None
-    decision: dict[str, Any]  # {"source", "reason", "expected_gain", "expected_gain_sd", "expected_cost_s", "extra"}
-    extra: dict[str, Any]
+    decision: Decision | None  # None for a trial begun without one
+    result: TrialResult  # while running: state "running", no objective
     started_at: datetime
     finished_at: datetime | None
     run_id: int | None
-    objective_name: str | None = None
     is_baseline: bool = False
     diagnoses: list[dict[str, Any]] = field(default_factory=list)
     failure: Failure | None = None  # also set when there is no measurement (interrupted)
@@ -84,6 +83,18 @@ class TrialRecord:
     def __post_init__(self) -> None:
         if self.failure is None and self.measurement is not None:
             self.failure = self.measurement.failure
+
+    @property
+    def objective(self) -> float | None:
+        return self.result.objective
+
+    @property
+    def objective_ci(self) -> tuple[float, float] | None:
+        return self.result.objective_ci
+
+    @property
+    def objective_name(self) -> str | None:
+        return self.result.objective_name
 
     @property
     def duration_s(self) -> float | None:
@@ -110,6 +121,8 @@ def concurrency_key(c: Any) -> int:
 
 def measurement_rows(trial_id: int, m: Measurement) -> dict[str, list[Any]]:
     """The normalised rows of one Measurement."""
+    from autoopt.store.models import BucketRow, CostRow, SampleRow, ThroughputRow  # SQLAlchemy: writers only
+
     throughput, samples = [], []
     for c, tp in m.tok_per_s.items():
         ci = concurrency_key(c)
@@ -171,23 +184,40 @@ def rebuild_measurement(row: TrialRow, throughput: list[ThroughputRow], samples:
     return m
 
 
-def decision_dict(row: TrialRow) -> dict[str, Any]:
-    return {"source": row.decision_source, "reason": row.decision_reason,
-            "expected_gain": row.expected_gain, "expected_gain_sd": row.expected_gain_sd,
-            "expected_cost_s": row.expected_cost_s, "extra": dict(row.decision_extra or {})}
+def decision_of(row: TrialRow) -> Decision | None:
+    if row.decision_source is None and not row.decision_extra:
+        return None
+    return Decision.from_json(row.params or {}, row.decision_source, row.decision_reason, row.expected_gain,
+                              row.expected_gain_sd, row.expected_cost_s, row.decision_extra)
+
+
+def decision_columns(decision: Decision) -> dict[str, Any]:
+    """The decision as the trial row's columns (decision_extra: its typed extras, as JSON)."""
+    return dict(decision_source=decision.source, decision_reason=decision.reason,
+                expected_gain=decision.expected_gain, expected_gain_sd=decision.expected_gain_sd,
+                expected_cost_s=decision.expected_cost_s,
+                decision_extra=jsonable(decision.extra_json(), "decision"))
+
+
+def result_of(row: TrialRow, measurement: Measurement | None) -> TrialResult:
+    ci = None
+    if row.objective_ci_low is not None and row.objective_ci_high is not None:
+        ci = (row.objective_ci_low, row.objective_ci_high)
+    costs = measurement.costs_s if measurement is not None else {}
+    total = costs.get("total", sum(v for k, v in costs.items() if k != "total"))
+    return TrialResult.from_json(row.state, row.objective, ci, row.objective_name, row.extra,
+                                 default_cost_s=total,
+                                 default_transition_s=sum(costs.get(k, 0.0) for k in APPLY_PHASES))
 
 
 def trial_record(row: TrialRow, measurement: Measurement | None,
                  diagnoses: list[dict[str, Any]] | None = None) -> TrialRecord:
-    ci = None
-    if row.objective_ci_low is not None and row.objective_ci_high is not None:
-        ci = (row.objective_ci_low, row.objective_ci_high)
     return TrialRecord(
         study=row.study_name, number=row.number, trial_id=row.trial_id, state=row.state,
         params=dict(row.params or {}), config=dict(row.config or {}), measurement=measurement,
-        objective=row.objective, objective_ci=ci, decision=decision_dict(row),
-        extra=dict(row.extra or {}), started_at=row.started_at, finished_at=row.finished_at,
-        run_id=row.run_id, objective_name=row.objective_name, is_baseline=bool(row.is_baseline),
+        decision=decision_of(row), result=result_of(row, measurement),
+        started_at=row.started_at, finished_at=row.finished_at,
+        run_id=row.run_id, is_baseline=bool(row.is_baseline),
         diagnoses=list(diagnoses or []),
         failure=(Failure(row.failure_kind, row.failure_reason or "", row.stderr_tail or "")
                  if row.failure_kind is not None else None))
@@ -218,14 +248,18 @@ def row_values(row: Any) -> dict[str, Any]:
             or c.nullable}
 
 
-def diagnosis_values(extra: dict[str, Any]) -> dict[str, Any] | None:
-    d = extra.get("diagnosis")
+def result_columns(result: TrialResult) -> dict[str, Any]:
+    """The result as the trial row's columns, as given (objective and its CI only for an ok trial)."""
+    ok = result.state == "ok"
+    ci = result.objective_ci if ok else None
+    return dict(state=result.state, objective=result.objective if ok else None,
+                objective_name=result.objective_name[:64] if result.objective_name else None,
+                objective_ci_low=ci[0] if ci else None, objective_ci_high=ci[1] if ci else None,
+                extra=jsonable(result.to_json(), "result"))
+
+
+def diagnosis_values(result: TrialResult) -> dict[str, Any] | None:
+    d = result.diagnosis
     if d is None:
         return None
-    if isinstance(d, str):
-        return {"verdict": d, "against_number": extra.get("incumbent_number"), "detail": None}
-    if isinstance(d, dict) and d.get("verdict"):
-        against = d.get("against", extra.get("incumbent_number"))
-        return {"verdict": str(d["verdict"]), "detail": d,
-                "against_number": int(against) if isinstance(against, (int, float)) else None}
-    return None
+    return {"verdict": d.verdict, "against_number": d.against, "detail": jsonable(d.to_json(), "diagnosis")}

@@ -11,46 +11,70 @@ import subprocess
 import sys
 from typing import Any, Callable, Sequence
 
+from autoopt.environment import same_machine
 from autoopt.errors import UserError
 from autoopt.store import analysis as an
-from autoopt.store.db import display_url
 from autoopt.store.records import TrialRecord, iso
+from autoopt.trial import DecisionSource
 
 VERSION = 1
-BEST_RULE = ("best = highest median tok/s at C among successful trials whose 95% CI low end is above "
-             "the baseline's 95% CI high end; speedup interval = [trial.lo/base.hi, trial.hi/base.lo]")
+BEST_RULE = ("best = the highest speed-up at C over its own run's baseline among successful trials whose 95% CI "
+             "low end is above that baseline's 95% CI high end (a minimised objective compared as its reciprocal); "
+             "speedup interval = [trial.lo/base.hi, trial.hi/base.lo]")
 SORTS = ("objective", "number", "time")
 NOT_OK = ("failed", "wrong", "interrupted")
 
 
 def _head(kind: str, store: Any, study: str) -> dict[str, Any]:
-    return {"kind": kind, "version": VERSION, "db": display_url(store.url), "study": study}
+    return {"kind": kind, "version": VERSION, "db": store.shown_url(), "study": study}
 
 
 def _cost_s(t: TrialRecord) -> float | None:
-    """Wall seconds the trial took: the loop's extra["cost_s"], else costs_s total (or their sum)."""
-    if isinstance(t.extra.get("cost_s"), (int, float)):
-        return float(t.extra["cost_s"])
-    costs = t.measurement.costs_s if t.measurement else {}
-    if not costs:
+    """Wall seconds the trial took, as stored with its result (None while it runs or when nothing
+    recorded a cost)."""
+    if t.state == "running" or (not t.result.cost_s and not (t.measurement and t.measurement.costs_s)):
         return None
-    return costs.get("total", sum(v for k, v in costs.items() if k != "total"))
+    return t.result.cost_s
 
 
-def summary(t: TrialRecord, base: TrialRecord | None, c: int | None) -> dict[str, Any]:
-    """One trial, one line's worth (history rows, best, diff headers)."""
+def _decision(t: TrialRecord) -> dict[str, Any]:
+    return t.decision.to_json() if t.decision is not None else {
+        "source": None, "reason": None, "expected_gain": None, "expected_gain_sd": None,
+        "expected_cost_s": None, "extra": {}}
+
+
+def transition(t: TrialRecord) -> dict[str, Any] | None:
+    """Predicted (the one cost model's estimate, stored with the decision) vs actual transition."""
+    cost = t.decision.expected_cost if t.decision is not None else None
+    if cost is None and t.state == "running":
+        return None
+    return {"restart_class": t.result.restart_class,
+            "predicted_s": cost.transition_s if cost is not None else None,
+            "predicted_measure_s": cost.measure_s if cost is not None else None,
+            "predicted_class": cost.restart_class if cost is not None else None,
+            "cached": cost.cached if cost is not None else None,
+            "actual_s": t.result.transition_s if t.state != "running" else None}
+
+
+def summary(t: TrialRecord, base: TrialRecord | None, c: int | None,
+            unit: an.ObjectiveUnit = an.TOK_PER_S) -> dict[str, Any]:
+    """One trial, one line's worth (history rows, best, diff headers). `base`: the baseline of the
+    trial's own session (analysis.baseline_before), which its speed-up is over; `unit`: what the
+    objective measures ("objective" is the stored rate, "objective_value" the same in that unit)."""
     fig = an.figure(t, c) if c is not None else None
     f = t.failure
     return {
         "number": t.number, "trial_id": t.trial_id, "state": t.state, "run_id": t.run_id,
-        "baseline": t.is_baseline,
+        "baseline": t.is_baseline, "baseline_of": base.number if base is not None else None,
         "objective": ({"name": an.objective_name(c), **an.interval(fig)} if fig else None),
+        "objective_value": unit.value(an.interval(fig)) if fig else None,
         "speedup": an.speedup(fig, an.figure(base, c)) if fig and c is not None else None,
         "significant": bool(c is not None and an.significant(fig, an.figure(base, c))),
         "params": t.params,
         "changes": ({k: v for k, v in t.params.items() if base.params.get(k) != v}
                     if base is not None else None),
-        "source": t.decision.get("source"), "reason": t.decision.get("reason"),
+        "source": t.decision.source if t.decision else None,
+        "reason": t.decision.reason if t.decision else None,
         "failure": {"kind": f.kind, "reason": f.reason} if f else None,
         "cost_s": _cost_s(t), "started_at": iso(t.started_at), "finished_at": iso(t.finished_at),
         "duration_s": t.duration_s,
@@ -67,21 +91,42 @@ def _objective(store: Any, study: str, trials: Sequence[TrialRecord], requested:
     return an.resolve_objective(requested, trials, store.runs(study))
 
 
-def _nonempty(store: Any, study: str) -> list[TrialRecord]:
-    trials = store.trials(study, with_samples=False)
+def _nonempty(store: Any, study: str, trials: list[TrialRecord] | None = None) -> list[TrialRecord]:
+    trials = store.trials(study, with_samples=False) if trials is None else trials
     if not trials:
-        raise UserError(f"study {study!r} in {display_url(store.url)} has no trials yet")
+        raise UserError(f"study {study!r} in {store.shown_url()} has no trials yet")
     return trials
 
 
+def best_number(trials: Sequence[TrialRecord], c: int | None) -> tuple[int | None, bool]:
+    """(the trial `autoopt best` takes, whether it beats its session's baseline outside the noise):
+    analysis.select_best, the one rule; (None, False) without an objective or a baseline at C."""
+    if c is None:
+        return None, False
+    try:
+        choice = an.select_best(trials, an.session_baselines(trials), c)
+    except UserError:
+        return None, False
+    return choice.trial.number, choice.significant
+
+
+def _baselines_head(baselines: Sequence[TrialRecord], unit: an.ObjectiveUnit) -> dict[str, Any]:
+    return {"objective_unit": unit.to_json(), "baselines": [b.number for b in baselines],
+            "baseline_number": baselines[-1].number if baselines else None}
+
+
 def history(store: Any, study: str | None = None, *, sort: str = "number", limit: int | None = None,
-            failed_only: bool = False, objective: str | None = None) -> dict[str, Any]:
+            failed_only: bool = False, objective: str | None = None,
+            trials: list[TrialRecord] | None = None) -> dict[str, Any]:
+    """The history document. Each trial's speed-up is over the baseline of its own session (the
+    latest measured before it, as `autoopt best` reads it); "baseline_number" is the latest
+    baseline, "baselines" all of them. `trials`: the study's trials when the caller read them."""
     if sort not in SORTS:
         raise UserError(f"--sort {sort!r}: expected one of {', '.join(SORTS)}")
     study = store.resolve_study(study)
-    trials = _nonempty(store, study)
+    trials = _nonempty(store, study, trials)
     c = _objective(store, study, trials, objective, strict=False)
-    base = store.baseline(study)
+    baselines, unit = an.session_baselines(trials), an.objective_unit(trials)
     rows = [t for t in trials if t.state in NOT_OK] if failed_only else list(trials)
     if sort == "objective" and c is not None:
         rows.sort(key=lambda t: (an.figure(t, c) is None, -(an.figure(t, c).median if an.figure(t, c) else 0),
@@ -92,35 +137,41 @@ def history(store: Any, study: str | None = None, *, sort: str = "number", limit
         if limit < 1:
             raise UserError(f"--limit must be at least 1, got {limit}")
         rows = rows[:limit]
+    best, best_sig = best_number(trials, c)
     doc = _head("autoopt.history", store, study)
-    doc.update(objective=an.objective_name(c) if c is not None else None,
-               baseline_number=base.number if base else None, sort=sort, failed_only=failed_only,
+    doc.update(objective=an.objective_name(c) if c is not None else None, **_baselines_head(baselines, unit),
+               best_number=best, best_significant=best_sig, sort=sort, failed_only=failed_only,
                counts=store.study_summary(study)["counts"], total=len(trials),
-               trials=[summary(t, base, c) for t in rows])
+               trials=[summary(t, an.baseline_before(t, baselines), c, unit) for t in rows])
     return doc
 
 
-def trial_detail(t: TrialRecord, base: TrialRecord | None, c: int | None) -> dict[str, Any]:
+def trial_detail(t: TrialRecord, base: TrialRecord | None, c: int | None,
+                 unit: an.ObjectiveUnit = an.TOK_PER_S) -> dict[str, Any]:
+    """One trial in full (`autoopt show`); `base` and `unit` as for summary."""
     m = t.measurement
-    doc = summary(t, base, c)
+    doc = summary(t, base, c, unit)
     tok = {}
     if m is not None:
         for k, tp in m.tok_per_s.items():
-            tok[k] = {**an.interval(tp), "n": tp.n, "mbu": m.mbu.get(k),
+            tok[k] = {**an.interval(tp), "value": unit.value(an.interval(tp)), "n": tp.n, "mbu": m.mbu.get(k),
                       "speedup": an.speedup(an.figure(t, int(k)), an.figure(base, int(k)))}
     f = t.failure
     doc.update(
-        config=t.config, decision=t.decision, extra=t.extra, diagnoses=t.diagnoses,
+        config=t.config, decision=_decision(t), extra=t.result.to_json(), diagnoses=t.diagnoses,
         objective_name=t.objective_name, tok_per_s=tok,
         samples_step_s={k: tp.samples_step_s for k, tp in m.tok_per_s.items()} if m else {},
         buckets_ms=m.buckets_ms if m else {}, bucket_coverage=m.bucket_coverage if m else None,
         kernel_count=m.kernel_count if m else None, costs_s=m.costs_s if m else {},
-        transition_s=t.extra.get("transition_s"), correctness=m.correctness if m else {},
+        transition_s=t.result.transition_s if t.state != "running" else None,
+        transition=transition(t), correctness=m.correctness if m else {},
+        guard_margins=an.guard_margins(m.correctness) if m else {},  # error / tolerance (1.0: at the limit)
         what_ran=m.what_ran if m else {}, environment=m.environment if m else {},
-        peak_memory_bytes=m.peak_memory_bytes if m else None,
+        peak_memory_bytes=m.peak_memory_bytes if m else None, serving=m.serving if m else {},
         failure={"kind": f.kind, "reason": f.reason, "stderr_tail": f.stderr_tail} if f else None,
-        predicted_gain=t.decision.get("expected_gain"), predicted_gain_sd=t.decision.get("expected_gain_sd"),
-        actual_gain=t.extra.get("actual_gain"),
+        predicted_gain=t.decision.expected_gain if t.decision else None,
+        predicted_gain_sd=t.decision.expected_gain_sd if t.decision else None,
+        actual_gain=t.result.diagnosis.actual_gain if t.result.diagnosis else None,
         gain_vs_baseline=(doc["speedup"]["median"] - 1.0) if doc["speedup"] else None,
     )
     return doc
@@ -132,20 +183,20 @@ def show(store: Any, trial: str | int, study: str | None = None,
     t = store.trial(study, trial)
     trials = store.trials(study, with_samples=False)
     c = _objective(store, study, trials, objective, strict=False)
-    base = store.baseline(study)
+    baselines, unit = an.session_baselines(trials), an.objective_unit(trials)
+    base = an.baseline_before(t, baselines)
     doc = _head("autoopt.trial", store, study)
-    doc.update(objective=an.objective_name(c) if c is not None else None,
-               baseline_number=base.number if base else None, trial=trial_detail(t, base, c))
+    doc.update(objective=an.objective_name(c) if c is not None else None, **_baselines_head(baselines, unit),
+               trial=trial_detail(t, base, c, unit))
+    doc["baseline_number"] = base.number if base is not None else None  # this trial's own
     return doc
 
 
 def _verdict(a_buckets: dict[str, float], b_buckets: dict[str, float]) -> tuple[str | None, str | None]:
     if not a_buckets or not b_buckets:
         return None, "no verdict: both trials need profile buckets"
-    try:
-        from autoopt.diagnose import compare
-    except ImportError:
-        return None, "no verdict: autoopt.diagnose is not available in this installation"
+    from autoopt.profile.diff import compare  # its rules compile a few dozen regexes: diff only
+
     d = compare(a_buckets, b_buckets, sum(a_buckets.values()), sum(b_buckets.values()))
     return (str(d.verdict) if d.verdict else None), None
 
@@ -155,7 +206,7 @@ def diff(store: Any, a: str | int, b: str | int, study: str | None = None) -> di
     ta, tb = store.trial(study, a), store.trial(study, b)
     trials = store.trials(study, with_samples=False)
     c = _objective(store, study, trials, None, strict=False)
-    base = store.baseline(study)
+    baselines, unit = an.session_baselines(trials), an.objective_unit(trials)
     ma, mb = ta.measurement, tb.measurement
     per_c = []
     cs = sorted({int(k) for m in (ma, mb) if m for k in m.tok_per_s})
@@ -164,14 +215,16 @@ def diff(store: Any, a: str | int, b: str | int, study: str | None = None) -> di
         verdict = ("faster" if an.significant(fb, fa) else "slower" if an.significant(fa, fb) else "noise") \
             if fa and fb else None
         per_c.append({"concurrency": k, "a": an.interval(fa), "b": an.interval(fb),
+                      "a_value": unit.value(an.interval(fa)), "b_value": unit.value(an.interval(fb)),
                       "delta": fb.median - fa.median if fa and fb else None,
                       "delta_pct": (fb.median / fa.median - 1) * 100 if fa and fb and fa.median else None,
                       "ratio": an.speedup(fb, fa), "significant": verdict})
     ab, bb = (ma.buckets_ms if ma else {}), (mb.buckets_ms if mb else {})
     verdict, note = _verdict(ab, bb)
     doc = _head("autoopt.diff", store, study)
-    doc.update(objective=an.objective_name(c) if c is not None else None,
-               a=summary(ta, base, c), b=summary(tb, base, c),
+    doc.update(objective=an.objective_name(c) if c is not None else None, objective_unit=unit.to_json(),
+               a=summary(ta, an.baseline_before(ta, baselines), c, unit),
+               b=summary(tb, an.baseline_before(tb, baselines), c, unit),
                knobs=an.knob_diff(ta.params or ta.config, tb.params or tb.config),
                config_changes=an.knob_diff(ta.config, tb.config), tok_per_s=per_c,
                buckets=an.bucket_diff(ab, bb) if ab or bb else [],
@@ -205,21 +258,12 @@ def _environment_check(trial: TrialRecord, base: TrialRecord | None,
     hardware + speed-relevant software; autoopt version and git sha do not count)."""
     warnings: list[str] = []
     measured = trial.measurement.environment if trial.measurement else {}
-    try:
-        from autoopt.environment import same_machine
-    except ImportError:
-        same_machine = None
     if base is not None and base.measurement and measured and base.measurement.environment:
-        differs = (not same_machine(measured, base.measurement.environment)[0] if same_machine
-                   else measured != base.measurement.environment)
-        if differs:
+        if not same_machine(measured, base.measurement.environment)[0]:
             warnings.append(f"trial {trial.number} and baseline {base.number} were measured in different "
                             f"environments: the speed-up compares two machines")
     if not measured:
         note = f"cannot compare environments: trial {trial.number} recorded no fingerprint"
-        return {"status": "unknown", "differences": [], "note": note}, warnings + [note]
-    if same_machine is None:
-        note = "cannot compare environments: autoopt.environment is not available in this installation"
         return {"status": "unknown", "differences": [], "note": note}, warnings + [note]
     try:
         here = (current or current_fingerprint)(str(measured.get("device") or "cpu"))
@@ -241,10 +285,10 @@ def best(store: Any, study: str | None = None, *, objective: str | None = None,
     study = store.resolve_study(study)
     trials = _nonempty(store, study)
     if not any(t.state == "ok" for t in trials):
-        raise UserError(f"study {study!r} in {display_url(store.url)} has no successful trial "
+        raise UserError(f"study {study!r} in {store.shown_url()} has no successful trial "
                         f"({len(trials)} trials, none ok): nothing to export")
     c = _objective(store, study, trials, objective, strict=True)
-    base = store.baseline(study)
+    baselines, unit = an.session_baselines(trials), an.objective_unit(trials)
     warnings: list[str] = []
     if trial is not None:
         chosen = store.trial(study, trial)
@@ -253,6 +297,7 @@ def best(store: Any, study: str | None = None, *, objective: str | None = None,
             why = f" ({f.kind}: {f.reason})" if f else ""
             raise UserError(f"trial {chosen.number} of study {study!r} is {chosen.state}{why}: only a "
                             f"successful trial can be exported")
+        base = an.baseline_before(chosen, baselines)  # its own session's, as the rule reads it
         sig = an.significant(an.figure(chosen, c), an.figure(base, c))
         choice = an.BestChoice(chosen, base, c, sig, 0, 0)
         if base is None:
@@ -261,19 +306,50 @@ def best(store: Any, study: str | None = None, *, objective: str | None = None,
             warnings.append(f"trial {chosen.number} does not beat baseline {base.number} outside the noise "
                             f"at C={c}")
     else:
-        choice = an.select_best(trials, base, c)
+        choice = an.select_best(trials, baselines, c)
+        base = choice.baseline
         if not choice.significant:
             warnings.append(f"no trial beats the baseline outside the noise at C={c} "
                             f"({choice.candidates} successful trials): the baseline stays best")
+    disagreement = confirmation_disagreement(store, study, choice.trial, c)
+    if disagreement:
+        warnings.append(disagreement)
     env, env_warnings = _environment_check(choice.trial, base, current)
     doc = _head("autoopt.best", store, study)
-    doc.update(objective=an.objective_name(c), rule=BEST_RULE,
+    figures = lambda t: ({k: an.interval(tp) for k, tp in t.measurement.tok_per_s.items()}  # noqa: E731
+                         if t is not None and t.measurement else {})
+    doc.update(objective=an.objective_name(c), objective_unit=unit.to_json(), rule=BEST_RULE,
                chosen_by="--trial" if trial is not None else "rule", significant=choice.significant,
                candidates=choice.candidates, significant_count=choice.significant_count,
-               trial=summary(choice.trial, base, c), baseline=summary(base, base, c) if base else None,
-               tok_per_s={k: an.interval(tp) for k, tp in choice.trial.measurement.tok_per_s.items()},
-               baseline_tok_per_s=({k: an.interval(tp) for k, tp in base.measurement.tok_per_s.items()}
-                                   if base is not None and base.measurement else {}),
+               trial=summary(choice.trial, base, c, unit), baseline=summary(base, base, c, unit) if base else None,
+               tok_per_s=figures(choice.trial), baseline_tok_per_s=figures(base),
+               values={k: unit.value(iv) for k, iv in figures(choice.trial).items()},
+               baseline_values={k: unit.value(iv) for k, iv in figures(base).items()},
                speedup={str(k): v for k, v in an.speedups(choice.trial, base).items()},
-               environment=env, warnings=warnings + env_warnings, export=None)
+               environment=env, warnings=warnings + env_warnings, export=None,
+               export_refused=disagreement)  # `best --export` needs --force while this is set
     return doc, choice.trial, base
+
+
+def confirmation_disagreement(store: Any, study: str, chosen: TrialRecord, c: int) -> str | None:
+    """Why the chosen trial's figure is in doubt: a re-measurement of the same configuration (the
+    run's final confirmation, either way round) whose 95 % CI at C does not overlap the trial's, or
+    that failed. None when none disagrees."""
+    def conf_of(t: TrialRecord) -> int | None:
+        d = t.decision
+        return d.confirms if d is not None and d.kind is DecisionSource.CONFIRM else None
+
+    trials = store.trials(study, with_samples=False)
+    pairs = [(chosen, t) for t in trials if conf_of(t) == chosen.number]
+    if conf_of(chosen) is not None:
+        pairs += [(t, chosen) for t in trials if t.number == conf_of(chosen)]
+    for orig, conf in pairs:
+        a, b = an.figure(orig, c), an.figure(conf, c)
+        if b is None:
+            return (f"the confirmation #{conf.number} of trial #{orig.number} is {conf.state}: the win is "
+                    "not confirmed")
+        if a is not None and (b.ci_high < a.ci_low or b.ci_low > a.ci_high):
+            return (f"the confirmation #{conf.number} of trial #{orig.number} disagrees with it at C={c} "
+                    f"({b.median:.4g} vs {a.median:.4g} tok/s, the 95% CIs do not overlap): the machine "
+                    "changed or one figure was luck; measure again before trusting this win")
+    return None

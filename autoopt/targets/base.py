@@ -5,29 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from autoopt.results import Measurement
-
-
-@dataclass(frozen=True)
-class KnobSpec:
-    """A knob as a target declares it (the space file is validated against these)."""
-
-    name: str
-    values: tuple[Any, ...]
-    restart_class: str  # none | recompile | rebuild | restart
-    scopes: tuple[str, ...] = ("global",)
-    buckets: tuple[str, ...] = ()
-    layer_classes: tuple[str, ...] | None = None
+from autoopt.measurement import Measurement
+from autoopt.space.knobs import KnobSpec  # the space's vocabulary; targets declare their knobs in it
 
 
 @dataclass
 class Transition:
-    """What switching the built configuration to a candidate would cost."""
+    """Facts about switching the built configuration to a candidate (the seconds it will take are
+    estimated by the one cost model, autoopt.search.cost, from these and what earlier switches cost)."""
 
-    restart_class: str  # the most expensive class among the knobs that change
+    restart_class: str  # a RestartClass value: the most expensive class among the knobs that change
     changed_knobs: tuple[str, ...] = ()
-    expected_s: float = 0.0
-    cached: bool = False  # kernels compiled before cost nothing
+    cached: bool = False  # these kernels were compiled before in the live worker
+    known_s: float | None = None  # seconds the switch is known to take (a recorded table); None: unknown
 
 
 @dataclass
@@ -63,7 +53,7 @@ class Target(Protocol):
         """Seconds on this target's clock (wall clock, or simulated for replay)."""
 
     def transition(self, to_config: dict[str, Any]) -> Transition:
-        """What moving from the configuration built now to `to_config` would cost."""
+        """What moving from the configuration built now to `to_config` involves (facts, no estimate)."""
 
     def evaluate(self, request: EvalRequest) -> Measurement:
         """Apply the configuration and measure it. Never raises for a bad trial: a crash, hang, OOM

@@ -25,21 +25,7 @@ import torch
 
 from dsv4.config import DecodeConfig
 from dsv4.ref_ops import quantize_fp8_rowwise
-from dsv4.shapes import compress_ratio
-
-FP8_ALIGN = 16  # torch._scaled_mm wants every dim a multiple of 16
-
-
-def n_comp_slots(cfg: DecodeConfig, cls: str, capacity_tokens: int) -> int:
-    """Compressed entries a layer of class `cls` can hold for `capacity_tokens` tokens."""
-    ratio = compress_ratio(cfg, cls)
-    if not ratio:
-        return 0
-    # +1: the open (incomplete) group has a slot too, since its masked write still indexes it
-    n = capacity_tokens // ratio + 1
-    if cls == "c4":  # the indexer's key GEMM runs over all slots: keep it fp8-GEMM aligned
-        n = -(-n // FP8_ALIGN) * FP8_ALIGN
-    return n
+from dsv4.shapes import FP8_ALIGN, compress_ratio, n_comp_slots  # noqa: F401 (re-exported)
 
 
 @dataclass

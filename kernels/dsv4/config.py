@@ -11,7 +11,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsv4.knobs import KNOB_BY_NAME, KNOBS, LAYER_CLASSES, coerce_value
+from dsv4.knobs import KNOB_BY_NAME, KNOBS, LAYER_CLASSES, check_value
+
+# Epsilons of the model's RMSNorms and of mHC's sigmoid/Sinkhorn normalisations; every implementation
+# (eager glue, compiled glue, the Triton glue kernels) reads them from here.
+NORM_EPS = 1e-6
+HC_EPS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,7 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         for knob in KNOBS:
-            coerce_value(knob, getattr(self, knob.name))  # raises ValueError naming the knob
+            check_value(knob, getattr(self, knob.name))  # raises ValueError naming the knob
         if self.head_dim <= self.rope_dim:
             raise ValueError("head_dim must exceed rope_dim")
         if self.n_heads % self.o_groups:
@@ -80,7 +85,7 @@ class DecodeConfig:
                 raise ValueError(f"layer override names unknown knob {name!r}")
             if "layer" not in knob.scopes and "layer_class" not in knob.scopes:
                 raise ValueError(f"knob {name!r} is global only; it cannot be set per layer")
-            coerce_value(knob, value)
+            check_value(knob, value)
 
     # ---- layer structure ----
     def layer_class(self, layer: int) -> str:

@@ -25,10 +25,7 @@ from typing import Callable
 
 import torch
 
-from dsv4.config import DecodeConfig
-
-NORM_EPS = 1e-6
-HC_EPS = 1e-6
+from dsv4.config import HC_EPS, NORM_EPS, DecodeConfig
 COMPILED_REGIONS = ("mhc pre epilogue (rms, sigmoids, sinkhorn, collapse, sublayer rmsnorm), mhc post,"
                     " hc_head")
 TRITON_REGIONS = ("one kernel per mHC pre epilogue (mhc_pre_mix_kernel: rms when unscaled, sigmoids, "

@@ -129,16 +129,12 @@ def baseline_knobs() -> dict[str, Any]:
     return {k.name: k.baseline for k in KNOBS}
 
 
-def coerce_value(knob: Knob, raw: Any) -> Any:
-    """Parse a value given as text (CLI `--set KNOB=VALUE`, YAML) into the knob's own type.
-
-    Raises ValueError naming the knob and the allowed values.
-    """
-    for allowed in knob.values:
-        if raw == allowed or str(raw) == str(allowed):
-            return allowed
-    allowed_txt = ", ".join(str(v) for v in knob.values)
-    raise ValueError(f"knob {knob.name!r} has no value {raw!r} (expected one of: {allowed_txt})")
+def check_value(knob: Knob, value: Any) -> None:
+    """ValueError naming the knob and its values unless `value` is one of them, type included
+    (text from a command line or a file is parsed before it gets here, by whoever read it)."""
+    if not any(value == v and type(value) is type(v) for v in knob.values):
+        allowed_txt = ", ".join(str(v) for v in knob.values)
+        raise ValueError(f"knob {knob.name!r} has no value {value!r} (expected one of: {allowed_txt})")
 
 
 def unmet_requirement(requirement: str, capabilities: dict[str, bool]) -> str | None:

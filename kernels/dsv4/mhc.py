@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import torch
 
-from dsv4.glue import NORM_EPS, Glue
+from dsv4.config import NORM_EPS
+from dsv4.glue import Glue
 from dsv4.weights import Params
 
 TRITON_KERNELS = ("torch", "triton_splitk")

@@ -9,15 +9,22 @@ keys; see dsv4.shapes and dsv4.cache for the checkpoint dtypes not reproduced).
 Expected distinct experts for B tokens each picking k of E uniformly: E * (1 - (1 - k/E)^B). It holds
 for the router (random weights: near-uniform) and for the hash layers (a uniform random table).
 The KV state is the one at the first measured step (context_len tokens cached).
+
+`memory_bytes` is the other budget: what a session at a concurrency holds (weights, KV caches sized
+like dsv4.cache, the step's largest transient tensors), so a caller can refuse a configuration the
+device cannot hold before building it.
 """
 from __future__ import annotations
 
 from dsv4.config import DecodeConfig
-from dsv4.shapes import ParamSpec, compress_ratio, global_param_specs, layer_param_specs
+from dsv4.shapes import (ParamSpec, compress_ratio, global_param_specs, layer_param_specs,
+                         n_comp_slots)
 
 KV_BYTES = 2  # bf16 latent values
 IDX_KEY_SCALE_BYTES = 4  # one fp32 scale per FP8 indexer key
 NOT_MATMUL = {"comp_ape", "idx_comp_ape"}  # 2-D tables added, not multiplied
+FP32_BYTES = 4
+MAX_NEW_TOKENS = 128  # cache capacity past the prefill: dsv4.session.DEFAULT_MAX_NEW_TOKENS
 
 
 def expected_active_experts(n_experts: int, topk: int, batch: int) -> float:
@@ -84,3 +91,47 @@ def flops_per_step(config: DecodeConfig, batch: int) -> dict[str, float]:
     total = dense + experts + attention + indexer
     return {"dense": float(dense), "experts": float(experts), "attention": float(attention),
             "indexer": float(indexer), "total": float(total)}
+
+
+def _cache_bytes_per_sequence(cfg: DecodeConfig, capacity_tokens: int) -> int:
+    """One sequence's share of dsv4.cache.DecodeCache: the bf16 latents, the fp32 staging groups,
+    the FP8 indexer keys with their fp32 scales."""
+    total = 0
+    for layer in range(cfg.n_layers):
+        cls = cfg.layer_class(layer)
+        ratio, slots = compress_ratio(cfg, cls), n_comp_slots(cfg, cls, capacity_tokens)
+        total += (cfg.window + slots) * cfg.head_dim * KV_BYTES
+        if ratio:
+            total += 2 * ratio * cfg.head_dim * FP32_BYTES  # comp_kv_stage, comp_gate_stage
+        if cls == "c4":
+            total += slots * (cfg.idx_dim + FP32_BYTES) + 2 * ratio * cfg.idx_dim * FP32_BYTES
+    return total
+
+
+def _step_transients_per_sequence(cfg: DecodeConfig) -> int:
+    """The largest tensors one decode step allocates per sequence (live at once at worst): the
+    logits (bf16 GEMM out, its fp32 copy, last_logits), the 4-stream residual with its fp32 upcast,
+    one layer's attention (gathered bf16 latents and their fp32 upcast, fp32 scores and softmax)
+    and indexer scores over every compressed key, and the routed experts' hidden activations."""
+    entries = max(kv_entries_read(cfg, layer)[0] for layer in range(cfg.n_layers))
+    keys = max(kv_entries_read(cfg, layer)[1] for layer in range(cfg.n_layers))
+    logits = cfg.vocab * (KV_BYTES + 2 * FP32_BYTES)
+    residual = cfg.hc_mult * cfg.hidden * (2 * KV_BYTES + 2 * FP32_BYTES)
+    attention = entries * (cfg.head_dim * (KV_BYTES + FP32_BYTES) + 2 * cfg.n_heads * FP32_BYTES)
+    indexer = 2 * keys * cfg.idx_heads * FP32_BYTES
+    experts = 3 * (cfg.topk_experts + cfg.n_shared_experts) * cfg.expert_inner * KV_BYTES
+    return logits + residual + attention + indexer + experts
+
+
+def memory_bytes(config: DecodeConfig, concurrency: int,
+                 max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, float]:
+    """{"weights", "kv_cache", "activations", "total"} bytes a DecodeSession of `concurrency`
+    sequences holds. The cache is counted twice: DecodeCache keeps a copy of its prefilled state
+    to restore in place. A lower bound for the allocator's view (no fragmentation, no workspace)."""
+    cfg = config
+    weights = sum(s.nbytes for s in global_param_specs(cfg))
+    weights += sum(s.nbytes for layer in range(cfg.n_layers) for s in layer_param_specs(cfg, layer))
+    kv = 2 * concurrency * _cache_bytes_per_sequence(cfg, cfg.context_len + max_new_tokens)
+    activations = concurrency * _step_transients_per_sequence(cfg)
+    return {"weights": float(weights), "kv_cache": float(kv), "activations": float(activations),
+            "total": float(weights + kv + activations)}

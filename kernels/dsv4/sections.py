@@ -2,12 +2,12 @@
 code it encloses as `dsv4::attention` in a trace (a record_function user annotation).
 
 Why: on a CPU the eager tiny step is ~9.4k small ops, and a large share of its wall time is Python /
-dispatcher time *between* ops that no op's self time covers. autoopt.profile attributes that host
-time to the section that spent it (rules: autoopt.profile_rules.SECTION_RULES; innermost section
+dispatcher time *between* ops that no op's self time covers. autoopt.profile.trace attributes that host
+time to the section that spent it (rules: autoopt.profile.rules.SECTION_RULES; innermost section
 wins, so the indexer's host time is the indexer's, not the attention's around it). On a GPU the
 buckets stay kernel time and the sections add none.
 
-Sections (every name here has a rule in autoopt.profile_rules.SECTION_RULES; a test checks it):
+Sections (every name here has a rule in autoopt.profile.rules.SECTION_RULES; a test checks it):
   embed         token embedding gather and its broadcast into the hc residual streams
   mhc_pre       hc_pre: mixes GEMM, RMS statistic, sigmoids, Sinkhorn, collapse, sublayer RMSNorm
   attention     q / kv projections and norms, RoPE, cache write, compressor, index build, sparse MQA,

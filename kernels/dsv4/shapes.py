@@ -54,6 +54,21 @@ def compress_ratio(cfg: DecodeConfig, cls: str) -> int:
     return {"window": 0, "c4": cfg.c4_ratio, "c128": cfg.c128_ratio}[cls]
 
 
+FP8_ALIGN = 16  # torch._scaled_mm wants every dim a multiple of 16
+
+
+def n_comp_slots(cfg: DecodeConfig, cls: str, capacity_tokens: int) -> int:
+    """Compressed entries a layer of class `cls` can hold for `capacity_tokens` tokens."""
+    ratio = compress_ratio(cfg, cls)
+    if not ratio:
+        return 0
+    # +1: the open (incomplete) group has a slot too, since its masked write still indexes it
+    n = capacity_tokens // ratio + 1
+    if cls == "c4":  # the indexer's key GEMM runs over all slots: keep it fp8-GEMM aligned
+        n = -(-n // FP8_ALIGN) * FP8_ALIGN
+    return n
+
+
 def _linear(name: str, out_f: int, in_f: int, dtype: str = "bf16", kind: str = "dense") -> ParamSpec:
     # std 1/sqrt(fan_in) keeps activations O(1) through every linear of the random model
     return ParamSpec(name, (out_f, in_f), dtype, "normal", in_f ** -0.5, kind)

@@ -159,18 +159,9 @@ def sparse_mqa_decode_combine_kernel(sink_ptr, m_ws, l_ws, acc_ws, out_ptr, H,
     tl.store(out_ptr + (b * H + h).to(tl.int64) * D + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
-def sparse_mqa_decode(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor,
-                      scale: float, mode: str = "mma", block_kv: int = 64, heads_per_tile: int = 16,
-                      num_warps: int = 4, num_stages: int = 2, split_k: int = 1,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
-    """Sparse MQA decode attention; same contract as ref_ops.sparse_mqa_decode_ref.
-
-    q [B, H, D], kv [B, S, D] (same dtype as q; dense rows, any batch stride, so a [:, :S] slice of
-    a longer cache works), idx [B, K] int32 (-1 = empty), sink [H] fp32.
-    D must be a power of two >= 16. Returns [B, H, D] in q.dtype. Indices are not range-checked
-    (that would need a host sync); an index >= S reads out of bounds. `out`, if given, is
-    written in place (a static buffer for CUDA graphs).
-    """
+def _check_decode_args(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor,
+                       mode: str, block_kv: int, heads_per_tile: int, split_k: int) -> None:
+    """sparse_mqa_decode's input contract; ValueError naming the argument."""
     if mode not in MODES:
         raise ValueError(f"sparse_mqa_decode: mode {mode!r}, expected one of {MODES}")
     check_tensor("q", q, 3, (torch.float32, torch.float16, torch.bfloat16))
@@ -192,6 +183,22 @@ def sparse_mqa_decode(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink
         raise ValueError(f"sparse_mqa_decode: mma needs block_kv >= 16 (tl.dot), got {block_kv}")
     if split_k < 1:
         raise ValueError(f"sparse_mqa_decode: split_k={split_k} must be >= 1")
+
+
+def sparse_mqa_decode(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor,
+                      scale: float, mode: str = "mma", block_kv: int = 64, heads_per_tile: int = 16,
+                      num_warps: int = 4, num_stages: int = 2, split_k: int = 1,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """Sparse MQA decode attention; same contract as ref_ops.sparse_mqa_decode_ref.
+
+    q [B, H, D], kv [B, S, D] (same dtype as q; dense rows, any batch stride, so a [:, :S] slice of
+    a longer cache works), idx [B, K] int32 (-1 = empty), sink [H] fp32.
+    D must be a power of two >= 16. Returns [B, H, D] in q.dtype. Indices are not range-checked
+    (that would need a host sync); an index >= S reads out of bounds. `out`, if given, is
+    written in place (a static buffer for CUDA graphs).
+    """
+    _check_decode_args(q, kv, idx, sink, mode, block_kv, heads_per_tile, split_k)
+    B, H, D = q.shape
     K = idx.shape[1]
     out = check_out("out", out, q.shape, q.dtype, q.device)
     if B == 0 or H == 0:

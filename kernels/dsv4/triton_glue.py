@@ -22,7 +22,7 @@ a cross-thread barrier on global memory inside the program.
 Under Triton's CPU interpreter (tests) a fp32 -> bf16 cast truncates instead of rounding to nearest
 even; the kernels then round with integer bit arithmetic (constexpr RNE_BITS), so the interpreter
 computes exactly what the GPU's native cast computes and the CPU tests check the bf16 contract.
-Kernel names are bucketed by autoopt.profile_rules as elementwise glue (no GEMM in them).
+Kernel names are bucketed by autoopt.profile.rules as elementwise glue (no GEMM in them).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4.glue import HC_EPS, NORM_EPS
+from dsv4.config import HC_EPS, NORM_EPS
 from dsv4.triton_attention import check_out, check_tensor, interpreting
 
 HC_MULT = 4  # the kernels hold the streams as [4, BLOCK_H] tiles and comb as a [4, 4] tile

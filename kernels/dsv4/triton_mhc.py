@@ -18,7 +18,7 @@ GEMM + RMS of the next in one pass:
 so R_new is written once and never read back for the next pre-norm. hc_mult must be 4 (V4).
 
 Kernel names say how the GEMM runs, so a profile can tell tensor cores from CUDA cores (see
-autoopt.profile_rules): `mhc_prenorm_fp32_kernel` / `mhc_post_pre_fp32_kernel` multiply fp32
+autoopt.profile.rules): `mhc_prenorm_fp32_kernel` / `mhc_post_pre_fp32_kernel` multiply fp32
 operands with ieee fp32 products (FMA, the SIMT variant); `mhc_prenorm_bf16_kernel` /
 `mhc_post_pre_bf16_kernel` run tl.dot on 16-bit operands (bf16 in the model; fp16 takes the same
 kernel). Each pair shares one body (`_prenorm_partials`, `_post_pre_partials`) and differs only in

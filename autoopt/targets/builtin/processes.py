@@ -1,0 +1,59 @@
+"""One configuration measured in two worker processes, and the two figures made one whose 95 % CI
+covers the scatter between processes.
+
+Why two processes: the same configuration timed in fresh workers on the 2-core CPU VM read 688 and
+555 tok/s, while each worker's own CI (about ten steps) said ±1 %; on the H200 a confirmation in
+another process measured a configuration 41 % faster than its trial had. What differs from process
+to process (memory placement, thread placement, allocator and clock state, a neighbour's load) is
+invisible inside one, so a CI from one process overstates what is known.
+
+Why not interleaved A/B rounds against the incumbent in one worker instead: they cancel drift over
+time, but both sides share the one process, so its own offset stays in every ratio; and they need
+the incumbent built beside the candidate, twice the memory of a build, within the same process.
+Two workers cost a second worker start once per run (seconds on a CPU, the CUDA context and
+compiles on a GPU), and every transition and measurement twice; the guard and the profile run in
+the first only. On a GPU both workers share the device one after the other (never at once), each
+holding its own copy of the weights: the flash and pro slices fit the H200 twice over. A space's
+`measurement: {processes: 1}` turns it off (a single process, recorded as such).
+
+The merged figure per concurrency: the mean of the two medians, its CI from the lower of the two CI
+low ends to the higher of the two high ends (it contains both processes' intervals), n and samples
+pooled. What was done is recorded in what_ran["measure.processes"].
+"""
+from __future__ import annotations
+
+from autoopt.measurement import Measurement, Throughput
+
+KEY = "measure.processes"
+
+
+def merged(first: Measurement, second: Measurement, pids: tuple[object, object]) -> Measurement:
+    """`first` with its figures widened by `second` (the same configuration in another worker)."""
+    if second.status == "failed" or not second.tok_per_s:
+        f = second.failure
+        first.what_ran[KEY] = (f"1 worker process (pid {pids[0]}): the second (pid {pids[1]}) failed"
+                               f"{f': ' + f.kind + ': ' + f.reason.splitlines()[0][:200] if f else ''}; "
+                               "the CI is within one process only")
+        return first
+    lines = []
+    for c, a in first.tok_per_s.items():
+        b = second.tok_per_s.get(c)
+        if b is None:
+            continue
+        first.tok_per_s[c] = Throughput(median=(a.median + b.median) / 2, ci_low=min(a.ci_low, b.ci_low),
+                                        ci_high=max(a.ci_high, b.ci_high), n=a.n + b.n,
+                                        samples_step_s=list(a.samples_step_s) + list(b.samples_step_s))
+        if c in first.mbu and c in second.mbu:
+            first.mbu[c] = (first.mbu[c] + second.mbu[c]) / 2
+        lines.append(f"C={c}: {a.median:.4g} / {b.median:.4g} tok/s")
+    for phase, seconds in second.costs_s.items():
+        first.costs_s[phase] = first.costs_s.get(phase, 0.0) + seconds
+    first.what_ran[KEY] = (f"2 worker processes (pids {pids[0]}, {pids[1]}), one after the other: "
+                           + ", ".join(lines) + "; figure = mean of the two medians, CI = from the lower "
+                           "CI low end to the higher CI high end (covers both processes)")
+    return first
+
+
+def single(m: Measurement, pid: object, why: str) -> Measurement:
+    m.what_ran.setdefault(KEY, f"1 worker process (pid {pid}): {why}; the CI is within one process only")
+    return m

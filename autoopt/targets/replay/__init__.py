@@ -1,0 +1,1 @@
+"""Recorded tables (CSV, JSON lines, Kernel Tuner caches) answered on a simulated clock."""

@@ -1,0 +1,186 @@
+"""Does `autoopt bench-serve` agree with a second load generator (AIPerf) on output tok/s? (issue 11)
+
+One `transformers serve` of the tiny random Llama (tests/tiny_serving_model.py: no end-of-sequence
+token, so every request generates exactly --output-tokens) is started once and warmed up. Then, per
+concurrency, both generators run the same workload (prompt tokens, output tokens, request count, no
+warm-up of their own) --repeats times each, interleaved A B B A ... so drift of the machine falls on
+both. Per run the script keeps each tool's own output tok/s, and beside it the tokens and seconds it
+divided, so a disagreement can be traced to its definition:
+
+  autoopt (vLLM's definition): total output tokens / duration, the duration from the first request
+    sent to the last response's end;
+  AIPerf: output_token_throughput = total output tokens / benchmark_duration of its profiling phase,
+    which its per-request records (profile_export.jsonl) show to be the same span: the first
+    request_start_ns to the last request_end_ns (kept per run as first_start_to_last_end_s).
+
+Prints a table (median and spread per C) and writes benchmarks/results/bench_serve_agreement.json
+(machine, versions, date, every run). Agreement: the medians within 10 %.
+
+    python benchmarks/bench_serve_agreement.py --aiperf /tmp/aiperf/bin/aiperf --concurrency 1,4
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
+
+from _meta import machine_meta  # noqa: E402
+from autoopt.targets.server import launch, loadgen, readiness  # noqa: E402
+from autoopt.targets.server.metrics import run_metrics  # noqa: E402
+from autoopt.targets.server.results import read_result  # noqa: E402
+
+AGREE_WITHIN = 0.10
+OUT = REPO / "benchmarks" / "results" / "bench_serve_agreement.json"
+
+
+def start_server(model: Path, home: Path, log: Path) -> tuple[launch.ServerProcess, str]:
+    import tiny_serving_model
+
+    port = launch.free_port("127.0.0.1")
+    plan = launch.plan(["transformers", "serve", str(model), "--host", "127.0.0.1", "--port", str(port)], {}, {},
+                       {}, base_env=tiny_serving_model.serving_env(home))
+    proc = launch.ServerProcess(plan, log)
+    url = f"http://127.0.0.1:{port}"
+    readiness.wait_ready(url, proc, 180)
+    return proc, url
+
+
+def autoopt_run(gen: loadgen.LoadGenerator, c: int, index: int, warmup: int) -> dict[str, Any]:
+    if warmup:
+        asyncio.run(gen.run(c, warmup, index_base=index * 100_000 + 50_000))
+    cpu0 = time.process_time()
+    results, duration_s = asyncio.run(gen.run(c, index_base=index * 100_000))
+    cpu_s = time.process_time() - cpu0
+    m = run_metrics(results, duration_s, {})
+    if m["failed"]:
+        raise RuntimeError(f"autoopt: {m['failed']} requests failed: {next(e for e in m['errors'] if e)}")
+    return {"output_tok_per_s": m["output_throughput"], "output_tokens": m["total_output_tokens"],
+            "duration_s": duration_s, "requests": m["completed"], "generator_cpu_s": cpu_s,
+            "server_s_per_request": statistics.median(r.latency_s for r in results if r.ok)}
+
+
+def aiperf_run(aiperf: str, url: str, model: Path, c: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    cmd = [aiperf, "profile", "--model", str(model), "--tokenizer", str(model), "--url", url,
+           "--endpoint-type", "completions", "--streaming", "--use-server-token-count",
+           "--synthetic-input-tokens-mean", str(args.prompt_tokens), "--synthetic-input-tokens-stddev", "0",
+           "--output-tokens-mean", str(args.output_tokens), "--output-tokens-stddev", "0",
+           "--concurrency", str(c), "--request-count", str(args.requests),
+           "--random-seed", "0", "--artifact-dir", str(out), "--ui-type", "none", "--no-gpu-telemetry",
+           "--no-server-metrics"] + (["--warmup-request-count", str(args.generator_warmup)]
+                                     if args.generator_warmup else [])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)  # its whole tree
+    export = out / "profile_export_aiperf.json"
+    if res.returncode != 0 or not export.is_file():
+        raise RuntimeError(f"aiperf exited {res.returncode}: {(res.stderr or res.stdout)[-2000:]}")
+    doc = json.loads(export.read_text())
+    parsed = read_result(export)
+    records = [json.loads(line)["metadata"] for line in (out / "profile_export.jsonl").read_text().splitlines() if line]
+    span_s = (max(r["request_end_ns"] for r in records) - min(r["request_start_ns"] for r in records)) / 1e9
+    return {"output_tok_per_s": parsed.value("output_throughput", c),
+            "output_tokens": (doc.get("total_output_tokens") or {}).get("avg"),
+            "duration_s": parsed.duration_s, "requests": (doc.get("request_count") or {}).get("avg"),
+            "first_start_to_last_end_s": span_s,  # from its per-request records: the definition check
+            "generator_cpu_s": cpu_s,  # start-up included: the CPU it took from a 2-core machine
+            "server_s_per_request": statistics.median((r["request_end_ns"] - r["request_start_ns"]) / 1e9
+                                                      for r in records),
+            "aiperf_version": doc.get("aiperf_version")}
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--aiperf", default=shutil.which("aiperf") or "/tmp/aiperf/bin/aiperf")
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--prompt-tokens", type=int, default=16)
+    ap.add_argument("--output-tokens", type=int, default=32)
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--generator-warmup", type=int, default=0,
+                    help="requests each generator sends before each timed run (AIPerf: --warmup-request-count): "
+                         "AIPerf's start-up (~10 s of CPU for its processes) then falls outside its timing")
+    args = ap.parse_args()
+    load_before = os.getloadavg()
+    import tiny_serving_model
+
+    work = Path(tempfile.mkdtemp(prefix="bench-serve-agreement-"))
+    model = tiny_serving_model.build(work / "model")
+    proc, url = start_server(model, work / "home", work / "server.log")
+    rows: list[dict[str, Any]] = []
+    try:
+        w = loadgen.Workload(model=str(model), prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
+                             requests=args.requests, repeats=1)
+        gen = loadgen.LoadGenerator(url, w)
+        asyncio.run(gen.calibrate())
+        cs = [int(x) for x in args.concurrency.split(",")]
+        asyncio.run(gen.run(max(cs), max(cs) * 2, index_base=90_000_000))  # the server's warm-up
+        for c in cs:
+            for rep in range(args.repeats):
+                for tool in (("autoopt", "aiperf") if rep % 2 == 0 else ("aiperf", "autoopt")):
+                    t0 = time.time()
+                    row = (autoopt_run(gen, c, c * 1000 + rep, args.generator_warmup) if tool == "autoopt" else
+                           aiperf_run(args.aiperf, url, model, c, args, work / f"aiperf_c{c}_r{rep}"))
+                    rows.append({"tool": tool, "concurrency": c, "repeat": rep, "started": t0} | row)
+                    print(f"C={c} repeat {rep} {tool:8s} {row['output_tok_per_s']:8.1f} tok/s "
+                          f"({row['output_tokens']} tokens / {row['duration_s']:.2f} s)", flush=True)
+    finally:
+        proc.stop(10)
+    report(rows, args, cs, load_before)
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace, cs: list[int], load_before: tuple) -> None:
+    import transformers
+
+    table = {}
+    print(f"\n{'C':>3} {'autoopt tok/s':>26} {'AIPerf tok/s':>26} {'ratio':>7}  agree")
+    for c in cs:
+        per = {t: summary([r["output_tok_per_s"] for r in rows if r["tool"] == t and r["concurrency"] == c])
+               for t in ("autoopt", "aiperf")}
+        ratio = per["autoopt"]["median"] / per["aiperf"]["median"]
+        per |= {"ratio_autoopt_over_aiperf": ratio, "agree_within_10pct": abs(ratio - 1) <= AGREE_WITHIN}
+        for key in ("generator_cpu_s", "server_s_per_request"):  # why they differ, where they do
+            per[key] = {t: statistics.median(r[key] for r in rows if r["tool"] == t and r["concurrency"] == c)
+                        for t in ("autoopt", "aiperf")}
+        table[str(c)] = per
+        cell = {t: f"{per[t]['median']:.1f} [{per[t]['min']:.1f}, {per[t]['max']:.1f}]" for t in ("autoopt", "aiperf")}
+        print(f"{c:>3} {cell['autoopt']:>26} {cell['aiperf']:>26} {ratio:7.3f}  "
+              f"{'yes' if per['agree_within_10pct'] else 'NO'}   generator CPU s {per['generator_cpu_s']['autoopt']:.2f}"
+              f" vs {per['generator_cpu_s']['aiperf']:.2f}; request s {per['server_s_per_request']['autoopt']:.3f}"
+              f" vs {per['server_s_per_request']['aiperf']:.3f}")
+    versions = {"transformers": transformers.__version__,
+                "aiperf": next((r.get("aiperf_version") for r in rows if r.get("aiperf_version")), None)}
+    doc = {"benchmark": "bench_serve_agreement", "meta": machine_meta() | {"versions": versions},
+           "workload": {"prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
+                        "requests": args.requests, "repeats": args.repeats, "order": "A B B A interleaved",
+                        "generator_warmup_requests": args.generator_warmup,
+                        "server": "transformers serve, tiny random Llama (tests/tiny_serving_model.py), CPU"},
+           "definitions": {"autoopt": "total output tokens / (first request sent -> last response end)",
+                           "aiperf": "output_token_throughput: total output tokens / benchmark_duration"},
+           "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+           "summary": table, "runs": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

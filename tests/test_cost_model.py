@@ -1,0 +1,141 @@
+"""The one cost model (autoopt.search.cost): which knobs change, the dearest restart class, learned
+apply seconds, cached kernels, the target's known figure corrected by experience, fresh starts — and
+its prediction stored with the trial and shown next to what the transition really took."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autoopt.search.cost import CostModel
+from autoopt.targets.base import Transition
+from autoopt.targets.replay.target import ReplayTarget, replay_space
+from autoopt.trial import TrialResult
+
+CASE = Path(__file__).resolve().parent / "fixtures" / "replay" / "casestudy.csv"
+
+
+@pytest.fixture(scope="module")
+def space():
+    return replay_space(ReplayTarget(CASE))
+
+
+def params(space, **changes):
+    return {**space.baseline_params(), **changes}
+
+
+def took(transition_s, measure_s, ok=True):
+    return TrialResult("ok" if ok else "failed", 1.0 if ok else None, cost_s=transition_s + measure_s,
+                       transition_s=transition_s)
+
+
+def test_priors_from_the_space_and_the_dearest_class(space):
+    cm = CostModel(space, default_measure_s=120)
+    base = space.baseline_params()
+    e = cm.estimate(base, params(space, moe_experts="grouped"))
+    assert e.transition_s == 0 and e.restart_class == "none" and e.total_s == 120
+    e = cm.estimate(base, params(space, moe_experts="grouped", attention="mma", cuda_graphs="on"))
+    assert e.restart_class == "restart" and e.transition_s == 300  # the space prior of cuda_graphs
+    assert set(e.changed) == {"moe_experts", "attention", "cuda_graphs"}
+    assert "restart 5m00s + measure 2m00s" in e.text()
+    assert cm.estimate(None, base).restart_class == "restart"  # nothing running: a fresh start
+    assert cm.fresh_start_s() == 300
+
+
+def test_learns_apply_seconds_per_knob_and_measurement_seconds(space):
+    cm = CostModel(space)
+    base = space.baseline_params()
+    glue = params(space, glue="compile")
+    cm.observe(base, glue, took(150.0, 100.0))
+    cm.observe(glue, base, took(170.0, 140.0))
+    assert cm.measure_s() == pytest.approx(120.0)
+    assert cm.estimate(base, glue).transition_s == pytest.approx(160.0)  # learned median beats the prior
+    # a change of two knobs with cached kernels is attributed to the dearer one, as a warm switch
+    both = params(space, glue="compile", cuda_graphs="on")
+    cm.observe(base, both, took(400.0, 120.0), cm.estimate(base, both, Transition("restart", (), cached=True)))
+    graphs = params(space, cuda_graphs="on")
+    assert cm.estimate(base, graphs, Transition("restart", (), cached=True)).transition_s == pytest.approx(400.0)
+    assert cm.estimate(base, graphs).transition_s == pytest.approx(300.0)  # cold: still the prior
+    cm.observe(base, glue, took(999.0, 5.0, ok=False))  # a failure's transition teaches, its measurement not
+    assert cm.measure_s() == pytest.approx(120.0) and cm.dearest_seen_s == 400.0
+
+
+def test_cold_and_warm_compiles_are_learned_apart_per_knob(space):
+    """A recompile whose kernels this worker compiled before skips the compile; a fresh worker
+    (nothing built) compiles again. Learned per knob; a knob never switched warm borrows the
+    warm/cold ratio the others showed."""
+    cm = CostModel(space)
+    base, att = space.baseline_params(), params(space, attention="mma")
+    cold, warm = Transition("recompile", ("attention",)), Transition("recompile", ("attention",), cached=True)
+    for seconds in (60.0, 64.0):
+        cm.observe(base, att, took(seconds, 30.0), cm.estimate(base, att, cold))
+    for seconds in (6.0, 6.4):
+        cm.observe(att, base, took(seconds, 30.0), cm.estimate(att, base, warm))
+    assert cm.estimate(base, att, cold).transition_s == pytest.approx(62.0)
+    assert cm.estimate(base, att, warm).transition_s == pytest.approx(6.2)
+    assert cm.estimate(base, att, warm).cached and not cm.estimate(base, att, cold).cached
+    assert cm.warm_fraction() == pytest.approx(0.1)
+    blk = params(space, attn_block_kv=128)  # cold: the space's prior for its class; warm: a tenth of it
+    cold_blk = cm.estimate(base, blk, Transition("recompile", ("attn_block_kv",))).transition_s
+    warm_blk = cm.estimate(base, blk, Transition("recompile", ("attn_block_kv",), cached=True)).transition_s
+    assert cold_blk > 0 and warm_blk == pytest.approx(0.1 * cold_blk)
+    # a fresh worker has nothing cached, whatever the target says: a fresh start, cold
+    fresh = cm.estimate(None, att, warm)
+    assert not fresh.cached and fresh.restart_class == "restart" and fresh.transition_s >= 62.0
+
+
+def test_the_targets_known_figure_is_scaled_by_how_wrong_it_was(space):
+    cm = CostModel(space)
+    base, att = space.baseline_params(), params(space, attention="mma")
+    known = Transition("recompile", ("attention",), known_s=40.0)
+    first = cm.estimate(base, att, known)
+    assert first.transition_s == pytest.approx(40.0) and first.known_s == 40.0
+    cm.observe(base, att, took(80.0, 60.0), first)
+    # the target's recompile figures were 2x too low: its next one is doubled
+    blk = params(space, attn_block_kv=128)
+    assert cm.estimate(base, blk, Transition("recompile", ("attn_block_kv",), known_s=30.0)).transition_s == \
+        pytest.approx(60.0)
+
+
+def test_no_change_is_free_and_cached_is_reported(space):
+    cm = CostModel(space)
+    att = params(space, attention="mma")
+    cached = Transition("none", (), cached=True, known_s=0.0)
+    assert cm.estimate(att, att, cached).transition_s == 0.0
+    assert cm.estimate(space.baseline_params(), att, cached).cached
+
+
+def test_the_prediction_is_stored_with_the_trial_and_shown_next_to_the_actual(tmp_path):
+    """One estimate per trial: the loop's budget check, the stored expected cost and `autoopt show`
+    all read the same figure, and show prints it beside the transition the trial really took."""
+    from cli_helpers import run_autoopt
+
+    db = tmp_path / "t.sqlite"
+    run = run_autoopt("run", "--target", f"replay:{CASE}", "--budget", "2h", "--max-trials", "4",
+                      "--strategy", "agent", "--seed", "1", "--db", str(db), "--json", "--no-confirm")
+    assert run.returncode == 0, run.stderr
+    from autoopt.store import Store
+
+    with Store.open(str(db), create=False) as store:
+        study = store.studies()[0]
+        rows = store.trials(study)
+    assert len(rows) >= 3
+    for r in rows:
+        cost = r.decision.expected_cost
+        assert cost is not None and r.decision.expected_cost_s == pytest.approx(cost.total_s)
+        assert cost.known_s is not None  # the replay table's figure, a fact the target reported
+    # the replay table's figures are exact: predicted == actual for a switch it knows (a trial that
+    # fails also pays the time it takes to fail, which no transition fact tells)
+    second = next(r for r in rows[1:] if r.result.ok)
+    assert second.decision.expected_cost.transition_s == pytest.approx(second.result.transition_s)
+    shown = run_autoopt("show", str(second.number), "--study", study, "--db", str(db), "--json")
+    assert shown.returncode == 0, shown.stderr
+    tr = json.loads(shown.stdout)["trial"]["transition"]
+    assert tr["predicted_s"] == pytest.approx(second.decision.expected_cost.transition_s)
+    assert tr["actual_s"] == pytest.approx(second.result.transition_s)
+    assert tr["restart_class"] == second.result.restart_class
+    text = run_autoopt("show", str(second.number), "--study", study, "--db", str(db))
+    assert text.returncode == 0, text.stderr
+    flat = " ".join(text.stdout.split())
+    assert "transition predicted" in flat and "actual" in flat

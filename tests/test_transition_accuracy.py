@@ -1,0 +1,43 @@
+"""Predicted vs actual transition seconds per trial, and their agreement in the run summary: a real
+`autoopt run` on a replay table whose every new configuration compiles (tests/fixtures/replay/tiles.csv)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from autoopt.search.run_types import transition_within
+
+TILES = Path(__file__).resolve().parent / "fixtures" / "replay" / "tiles.csv"
+
+
+def test_within_means_within_half_the_prediction_or_half_a_second():
+    assert transition_within(10.0, 14.9) and transition_within(10.0, 5.1)
+    assert not transition_within(10.0, 15.2) and not transition_within(10.0, 4.8)
+    assert transition_within(0.0, 0.4) and not transition_within(0.0, 0.7)  # a fresh "free" switch that was not
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "autoopt.cli", "run", "--plain", "--db", str(tmp_path / "db.sqlite"),
+                           "--target", f"replay:{TILES}", "--seed", "4", "--max-trials", "10", "--budget", "2h",
+                           *args], capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_summary_counts_the_trials_predicted_within_50_percent(tmp_path):
+    doc = json.loads(_run(tmp_path, "--json").stdout)
+    ran = [t for t in doc["trials"] if t["status"] in ("ok", "wrong")]
+    assert all(t["transition_s"] is None for t in doc["trials"] if t not in ran)  # cut short: not counted
+    pairs = [t["transition_s"] for t in ran]
+    assert all(p is not None for p in pairs)  # every trial that ran carries the cost model's prediction
+    assert any(p["actual"] > 1.0 for p in pairs)  # compiles (the table's compile_s): something to predict
+    summary = doc["transitions"]
+    assert summary["trials"] == len(pairs)
+    within = sum(transition_within(p["predicted"], p["actual"]) for p in pairs)
+    assert summary["within_50pct"] == within and within >= 1
+    errors = sorted(abs(p["actual"] - p["predicted"]) for p in pairs)
+    assert abs(summary["median_error_s"] - (errors[(len(errors) - 1) // 2] + errors[len(errors) // 2]) / 2) < 1e-9
+    text = _run(tmp_path, "--study", "plain").stdout
+    assert "transitions: " in text and " trials that ran (" in text and "within 50% of the predicted seconds; median error" in text
