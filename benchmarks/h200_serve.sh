@@ -23,7 +23,8 @@
 # autoopt itself: optuna 4.5.0, sqlalchemy 2.0.43, greenlet 3.2.4, alembic 1.16.5, mako 1.3.10, colorlog 6.9.0.
 #
 # Knobs (environment): SERVE_MODEL (llama-1b | qwen2-0.5b | llama-mini | tiny), SERVE_DEVICE (cuda | cpu),
-# SERVE_BUDGET (8m), SERVE_DEADLINE_S (wall seconds for the whole script, 530), SERVE_CONCURRENCY
+# SERVE_BUDGET (8m), SERVE_MIN_GAIN (the agent's stop rule, `run --min-gain`: 0 = tune the whole budget;
+# unset: the run's default), SERVE_DEADLINE_S (wall seconds for the whole script, 530), SERVE_CONCURRENCY
 # ("1, 16, 64"), SERVE_OUTPUT_TOKENS (32), SERVE_PROMPT_TOKENS (128), SERVE_REQUESTS (16: per C, at least C), SERVE_REPEATS (2).
 # SERVE_NO_WHEELS=1 skips installing .whl/ (where the packages are installed). On this 2-core CPU: SERVE_NO_WHEELS=1 SERVE_MODEL=tiny SERVE_DEVICE=cpu SERVE_BUDGET=90s SERVE_CONCURRENCY="1, 4"
 #   SERVE_REQUESTS=4 SERVE_OUTPUT_TOKENS=8 SERVE_PROMPT_TOKENS=16 OUT=/tmp/serve-out bash benchmarks/h200_serve.sh
@@ -97,7 +98,7 @@ python3 -m autoopt.cli spaces "$OUT/space.yaml" || exit 2
 LEFT_S=$(( DEADLINE_S - ($(date +%s) - START_S) - 20 ))
 echo "=== autoopt run --budget $BUDGET (wall limit ${LEFT_S}s, $(date -u +%T))"
 timeout --signal=TERM --kill-after=15 "$LEFT_S" python3 -m autoopt.cli run --space "$OUT/space.yaml" --budget "$BUDGET" \
-  --db "$OUT/db.sqlite" --study serve --plain 2>&1 | tee "$OUT/run.log" | tail -40
+  --db "$OUT/db.sqlite" --study serve --plain ${SERVE_MIN_GAIN:+--min-gain "$SERVE_MIN_GAIN"} 2>&1 | tee "$OUT/run.log" | tail -40
 echo "=== report ($(date -u +%T))"
 python3 -m autoopt.cli history --db "$OUT/db.sqlite" --study serve --wide > "$OUT/history.txt" 2>&1
 python3 -m autoopt.cli best --db "$OUT/db.sqlite" --study serve --export "$OUT/best.yaml" --force 2>&1 | tail -20
