@@ -50,7 +50,8 @@ def main() -> None:
     best_no = best["trial"]["number"]
     confirm = next((t["number"] for t in history if t["source"] == "confirm"
                     and t["params"] == best["trial"]["params"] and t["state"] == "ok"), None)
-    doc = {"benchmark": "h200_serve", "meta": machine_meta(), "study": study,
+    doc = {"benchmark": "h200_serve", "meta": _trials_machine(db, study), "report_meta": machine_meta(),
+           "study": study,
            "trials": len(history), "failed": sum(t["state"] != "ok" for t in history),
            "tuning_s": _span_s(history),
            "defaults": figures(db, study, base_no), "best": figures(db, study, best_no),
@@ -72,6 +73,21 @@ def main() -> None:
               f"{_ms(d['median_ttft_ms'])} / {_ms(b['median_ttft_ms'])} | "
               f"{_ms(d['median_tpot_ms'])} / {_ms(b['median_tpot_ms'])} |")
     print(f"wrote {out}")
+
+
+def _trials_machine(db: str, study: str) -> dict[str, Any]:
+    """The machine the trials ran on, as the store recorded it with them (the report may be written
+    elsewhere, from the study's database: report_meta says where)."""
+    import sqlite3
+
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        row = con.execute("SELECT e.fingerprint, r.started_at FROM autoopt_environments e, autoopt_runs r "
+                          "WHERE r.study_name = ? ORDER BY e.id, r.id LIMIT 1", (study,)).fetchone()
+    if row is None:
+        return {}
+    env = json.loads(row[0])
+    env.pop("server_command", None)
+    return {"date": row[1], **env}
 
 
 def _span_s(history: list[dict[str, Any]]) -> float:
