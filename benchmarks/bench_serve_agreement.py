@@ -46,12 +46,13 @@ AGREE_WITHIN = 0.10
 OUT = REPO / "benchmarks" / "results" / "bench_serve_agreement.json"
 
 
-def start_server(model: Path, home: Path, log: Path) -> tuple[launch.ServerProcess, str]:
+def start_server(model: Path, home: Path, log: Path, cpus: str | None) -> tuple[launch.ServerProcess, str]:
     import tiny_serving_model
 
     port = launch.free_port("127.0.0.1")
-    plan = launch.plan(["transformers", "serve", str(model), "--host", "127.0.0.1", "--port", str(port)], {}, {},
-                       {}, base_env=tiny_serving_model.serving_env(home))
+    pin = ["taskset", "-c", cpus] if cpus else []  # the server on its own cores: see --server-cpus
+    plan = launch.plan(pin + ["transformers", "serve", str(model), "--host", "127.0.0.1", "--port", str(port)],
+                       {}, {}, {}, base_env=tiny_serving_model.serving_env(home))
     proc = launch.ServerProcess(plan, log)
     url = f"http://127.0.0.1:{port}"
     readiness.wait_ready(url, proc, 180)
@@ -102,6 +103,15 @@ def aiperf_run(aiperf: str, url: str, model: Path, c: int, args: argparse.Namesp
             "aiperf_version": doc.get("aiperf_version")}
 
 
+def _cpu_list(text: str) -> set[int]:
+    """taskset's list syntax, "0" or "0,2-3", as a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
@@ -118,13 +128,18 @@ def main() -> None:
     ap.add_argument("--generator-warmup", type=int, default=0,
                     help="requests each generator sends before each timed run (AIPerf: --warmup-request-count): "
                          "AIPerf's start-up (~10 s of CPU for its processes) then falls outside its timing")
+    ap.add_argument("--server-cpus", help="CPUs for the server (taskset list, e.g. 1): with --generator-cpus, "
+                    "neither generator's own CPU use (AIPerf's process tree: 11-15 s a run) slows the server")
+    ap.add_argument("--generator-cpus", help="CPUs for this script and the AIPerf processes it starts (e.g. 0)")
     args = ap.parse_args()
     load_before = os.getloadavg()
     import tiny_serving_model
 
     work = Path(tempfile.mkdtemp(prefix="bench-serve-agreement-"))
     model = tiny_serving_model.build(work / "model")
-    proc, url = start_server(model, work / "home", work / "server.log")
+    proc, url = start_server(model, work / "home", work / "server.log", args.server_cpus)
+    if args.generator_cpus:  # after the server's start: AIPerf, started from here, inherits it
+        os.sched_setaffinity(0, _cpu_list(args.generator_cpus))
     rows: list[dict[str, Any]] = []
     try:
         w = loadgen.Workload(model=str(model), prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
@@ -172,6 +187,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, cs: list[int], 
            "workload": {"prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
                         "requests": args.requests, "repeats": args.repeats, "order": "A B B A interleaved",
                         "generator_warmup_requests": args.generator_warmup,
+                        "cpus": {"server": args.server_cpus, "generators": args.generator_cpus},
                         "server": "transformers serve, tiny random Llama (tests/tiny_serving_model.py), CPU"},
            "definitions": {"autoopt": "total output tokens / (first request sent -> last response end)",
                            "aiperf": "output_token_throughput: total output tokens / benchmark_duration"},
