@@ -162,3 +162,13 @@ def test_the_checker_sees_a_cycle_and_an_upward_import():
         ["autoopt.a", "autoopt.b", "autoopt.a"]
     assert find_cycle({"autoopt.a": {"autoopt.b"}, "autoopt.b": set()}) is None
     assert LAYERS[layer_of("autoopt.cli.app")] > LAYERS[layer_of("autoopt.store.store")]
+
+
+def test_dsv4_spells_the_restart_classes_as_autoopt_does():
+    """dsv4 may not import autoopt, so it keeps its own tuple of restart classes: the two must be one
+    vocabulary, in one order (the order is the cost rank)."""
+    from dsv4.knobs import RESTART_CLASSES as DSV4_CLASSES
+
+    from autoopt.trial import RESTART_CLASSES
+
+    assert DSV4_CLASSES == RESTART_CLASSES

@@ -261,12 +261,8 @@ def describe(state: WorkerState) -> dict[str, Any]:
     if state.env is None:
         state.env = fingerprint(state.device)
     out: dict[str, Any] = {"environment": state.env, "device": state.device}
-    try:
-        from dsv4 import device as dsv4_device
-    except ImportError as exc:  # the model is not installed/landed: say so, never guess
-        out["capabilities"] = None
-        out["capabilities_error"] = f"dsv4.device unavailable: {exc}"
-        return out
+    from dsv4 import device as dsv4_device  # packaged with autoopt (kernels/ is a source root)
+
     out["capabilities"] = dsv4_device.capabilities(state.device)
     out["device_info"] = dsv4_device.device_info(state.device)
     return out
