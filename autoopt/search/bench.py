@@ -2,7 +2,7 @@
 
 Each run is the real search loop (autoopt.search.loop.SearchLoop: baseline first, budget with a reserve,
 the strategy's own stop, the final confirmation) against a ReplayTarget, with the trial records kept
-in memory instead of SQLite (`MemoryStore`: what the loop asks of a store, nothing more), so 20 seeds
+in memory instead of SQLite (`search.memory_store.MemoryStore`: what the loop asks of a store), so 20 seeds
 x 4 strategies x a few tables run in seconds.
 
 Figures per table and strategy:
@@ -24,7 +24,6 @@ Figures per table and strategy:
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
@@ -32,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from autoopt.search.memory_store import MemoryStore
 from autoopt.targets.replay.target import ReplayTarget, replay_space
 from autoopt.targets.replay.table import ReplayTable, load_table
 from autoopt.trial import DecisionSource
@@ -42,57 +42,6 @@ WITHIN = 0.01
 COST_WITHIN = 0.5
 COST_FLOOR_S = 0.5
 Z95 = 1.96
-
-
-@dataclass
-class _Handle:
-    number: int
-    trial_id: int
-    study_name: str
-    run_id: int | None
-
-
-class MemoryStore:
-    """The part of autoopt.store.Store the loop uses, in memory (no database, no Optuna storage)."""
-
-    def __init__(self) -> None:
-        self.finished: list[tuple[Any, Any, Any]] = []  # (handle, Measurement, TrialResult)
-        self.stop_reason: str | None = None
-        self._n = 0
-
-    def mark_interrupted(self, study_name: str) -> list[Any]:
-        return []
-
-    def trials(self, study_name: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return []
-
-    def begin_trial(self, run_id: Any, study_name: str, params: dict[str, Any], config: dict[str, Any],
-                    decision: Any, **kwargs: Any) -> _Handle:
-        h = _Handle(self._n, self._n, study_name, run_id)
-        self._n += 1
-        return h
-
-    def finish_trial(self, handle: _Handle, measurement: Any, result: Any) -> None:
-        self.finished.append((handle, measurement, result))
-
-    def finish_run(self, run_id: Any, state: str, stop_reason: str) -> None:
-        self.stop_reason = stop_reason
-
-    # one process, one run: no other run to take turns with, share a baseline with or wait for
-    def measure_turn(self, should_stop: Any = None) -> Any:
-        return contextlib.nullcontext()
-
-    def claim(self, study_name: str, should_stop: Any = None) -> Any:
-        return contextlib.nullcontext()
-
-    def session_baseline(self, study_name: str, run_id: Any) -> None:
-        return None
-
-    def busy_trials(self, study_name: str, run_id: Any) -> list[Any]:
-        return []
-
-    def live_runs(self, study_name: str) -> list[Any]:
-        return []
 
 
 class _ReachObserver:
