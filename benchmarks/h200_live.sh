@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Issue 14's live check on the lent H200: `autoopt run --budget 10m` from an empty database, then the
+# same study resumed for 10 more minutes, then the best re-measured by h200_decode.py in ONE process
+# beside the hand-tuned final row. A 10-minute run does not fit one device call (10 minutes a command,
+# installs and start-up included), so the run is started in its own session (setsid: the device keeps
+# such a process while the machine is held) and the next calls wait for it:
+#   bash benchmarks/h200_live.sh start     # run 1 in the background, follow it for WAIT_S (default 560)
+#   bash benchmarks/h200_live.sh wait      # until run 1 ends; export; then start run 2 (the resume)
+#   bash benchmarks/h200_live.sh wait      # until run 2 ends; export
+#   bash benchmarks/h200_live.sh table     # h200_decode.py: hand-tuned final row + the exported best
+# Every stage copies what exists so far into $OUT as one live.tgz (the device returns at most 8 files).
+# The code that runs is the tree of the first call, copied to $LIVE/src: later calls re-send the
+# working tree, and a run in flight must not have its modules replaced under it.
+set -uo pipefail
+OUT=${OUT:-/tmp/autoopt-out}; LIVE=${LIVE:-/tmp/autoopt-live}; mkdir -p "$OUT" "$LIVE"
+BUDGET=${BUDGET:-10m}; WAIT_S=${WAIT_S:-560}; STUDY=flash-h200
+HAND_TUNED="hand-tuned + glue=triton + step_compile + stacked proj + cuda_graphs"
+
+setup() {
+  if [ ! -d "$LIVE/src" ]; then
+    [ -n "${NO_WHEELS:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$LIVE/site" .whl/*.whl || exit 1
+    mkdir -p "$LIVE/src" && tar --exclude=./.git --exclude=./.whl --exclude=./.venv --exclude=./db -cf - . | tar -C "$LIVE/src" -xf -
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,compute_cap --format=csv > "$LIVE/gpu.txt"
+  fi
+  export PYTHONPATH=$LIVE/site:$LIVE/src:$LIVE/src/kernels PYTHONUNBUFFERED=1
+  cd "$LIVE/src" || exit 1
+}
+
+launch() {  # $1: run number; run 2 resumes the study of run 1
+  local resume=(); [ "$1" = 2 ] && resume=(--resume)
+  echo "$1" > "$LIVE/current"
+  setsid timeout 1500 python3 -m autoopt.cli run --space "${SPACE:-dsv4_flash_decode}" --budget "$BUDGET" --db "sqlite:///$LIVE/h200.sqlite" \
+      --study "$STUDY" --plain "${resume[@]}" > "$LIVE/run$1.log" 2>&1 < /dev/null &
+  echo $! > "$LIVE/pid"; echo "run $1 started (pid $(cat "$LIVE/pid"), budget $BUDGET) at $(date -u +%T)"
+}
+
+running() { [ -f "$LIVE/pid" ] && kill -0 "$(cat "$LIVE/pid")" 2>/dev/null; }
+
+DEADLINE=$((SECONDS + WAIT_S))
+follow() {  # until the run ends or this call's WAIT_S has passed
+  while running && [ "$SECONDS" -lt "$DEADLINE" ]; do sleep 5; done
+  if running; then echo "run $(cat "$LIVE/current") still running at $(date -u +%T)"; return 1; fi
+  local n; n=$(cat "$LIVE/current"); echo "run $n ended at $(date -u +%T)"; rm -f "$LIVE/pid"
+  python3 -m autoopt.cli best --db "sqlite:///$LIVE/h200.sqlite" --study "$STUDY" --export "$LIVE/config$n.yaml" > "$LIVE/best$n.txt" 2>&1
+  python3 -m autoopt.cli history --db "sqlite:///$LIVE/h200.sqlite" --study "$STUDY" > "$LIVE/history$n.txt" 2>&1
+  echo "done$n" >> "$LIVE/finished"
+}
+
+collect() {
+  tail -4 "$LIVE"/run*.log 2>/dev/null
+  tar -C "$LIVE" --exclude=src --exclude=site --exclude=cache -czf "$OUT/live.tgz" . && ls -la "$OUT"
+}
+
+setup
+case "${1:-}" in
+  start) launch 1; follow ;;
+  wait)
+    follow && { grep -q done2 "$LIVE/finished" 2>/dev/null || launch 2; }
+    grep -q done2 "$LIVE/finished" 2>/dev/null || follow ;;
+  table)
+    follow || exit 1
+    timeout ${DECODE_S:-420} python3 benchmarks/h200_decode.py --no-compile --samples 10 \
+        --only "$HAND_TUNED" --best "$LIVE/config$(cat "$LIVE/current").yaml" --out "$LIVE/h200_decode.json" \
+        > "$LIVE/decode.log" 2>&1; tail -8 "$LIVE/decode.log" ;;
+  *) echo "usage: $0 start|wait|table"; exit 2 ;;
+esac
+collect
