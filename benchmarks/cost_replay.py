@@ -1,0 +1,80 @@
+"""The cost model replayed over a recorded study: what would it have predicted for each transition?
+
+Walks the study's finished trials in order as the runs saw them (each run starts with nothing built,
+a failure leaves nothing built), asks autoopt.search.cost.CostModel for the trial's transition seconds
+with the target's facts stored beside the trial (whether the kernels were cached, a known figure),
+then teaches it the trial. Prints, per run, the share of the trials that ran whose actual transition
+was within 50 % of the prediction (the run summary's rule, autoopt.search.run_types.transition_within)
+for the model of this tree and for the prediction the run itself stored; writes JSON beside.
+
+The live H200 study it is meant for (benchmarks/results/h200_live_10m) is development data: a cost
+model changed after reading it is not tested by it.
+
+    python benchmarks/cost_replay.py --db benchmarks/results/h200_live_10m/h200.sqlite --study flash-h200
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+
+from _meta import machine_meta  # noqa: E402
+from autoopt.search.cost import CostModel  # noqa: E402
+from autoopt.search.loop import outcome_from_record  # noqa: E402
+from autoopt.search.run_types import transition_within  # noqa: E402
+from autoopt.store.reading import open_for_reading  # noqa: E402
+from autoopt.targets.declared import load_declared  # noqa: E402
+
+
+def replay(records: list, space) -> list[dict]:
+    costs = CostModel(space)
+    built, run, rows = None, None, []
+    for rec in records:
+        t = outcome_from_record(rec)
+        if rec.run_id != run:
+            built, run = None, rec.run_id  # a new run starts a fresh worker
+        stored = t.decision.expected_cost if t.decision is not None else None
+        facts = SimpleNamespace(cached=bool(stored and stored.cached), known_s=stored.known_s if stored else None)
+        est = costs.estimate(built, t.params, facts)
+        if t.result.state in ("ok", "wrong"):
+            rows.append({"number": rec.number, "run": rec.run_id, "actual_s": t.result.transition_s,
+                         "predicted_s": est.transition_s,
+                         "stored_s": stored.transition_s if stored else None, "fresh": built is None})
+        costs.observe(built, t.params, t.result, est)
+        built = dict(t.params) if t.result.ok else None
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--study", required=True)
+    ap.add_argument("--space", default="dsv4_flash_decode")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "cost_replay.json")
+    args = ap.parse_args()
+    with open_for_reading(args.db) as store:
+        records = [r for r in store.trials(args.study, ("ok", "wrong", "failed"), with_samples=False)
+                   if not (r.failure and r.failure.kind == "interrupted")]
+    rows = replay(records, load_declared(args.space))
+    summary = {}
+    print(f"{'run':>4} {'trials':>7} {'this tree within 50%':>22} {'as the run predicted':>22}")
+    for run in sorted({r["run"] for r in rows}):
+        mine = [r for r in rows if r["run"] == run]
+        now = sum(transition_within(r["predicted_s"], r["actual_s"]) for r in mine)
+        then = sum(transition_within(r["stored_s"], r["actual_s"]) for r in mine if r["stored_s"] is not None)
+        summary[str(run)] = {"trials": len(mine), "within_now": now, "within_stored": then}
+        print(f"{run:>4} {len(mine):>7} {now:>12} ({100 * now / len(mine):3.0f} %) {then:>12} "
+              f"({100 * then / len(mine):3.0f} %)")
+    doc = {"benchmark": "cost_replay", "meta": machine_meta(), "db": args.db, "study": args.study,
+           "development_data": True, "summary": summary, "trials": rows}
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
