@@ -15,10 +15,10 @@ Transition seconds, best source first:
      skips the compile, a fresh worker compiles everything again; a warm switch never seen for a
      parameter is its cold figure times the warm/cold ratio learned on other parameters (at first
      WARM_FRACTION);
-     A transition that changed several parameters is attributed to the dearest, and it also bounds
-     the others: under this model none of them costs more than the whole switch took, so each
-     changed parameter believed dearer learns those seconds (a compiled step that was believed to
-     take minutes to rebuild and took seconds with the study's compile cache warm says so at once);
+     A cold transition that changed several parameters, with no figure from the target, bounds
+     them: under this model none of them costs more than the whole switch took, so each changed
+     parameter believed dearer learns those seconds (a compiled step believed to take minutes to
+     rebuild that took seconds with the study's compile cache warm says so at once);
   3. the space file's priors (a knob's `prior.apply_cost_s`, else `priors.apply_cost_s[class]`).
 Only transitions that ran to the end teach (ok or wrong): a failure may end long before its switch
 would have. Nothing changed: free. Nothing built (the first trial, or after a failure): a fresh start,
@@ -93,12 +93,11 @@ class CostModel:
         if known is not None and known > 0.5:
             self.known_ratio.setdefault(cls, []).append(seconds / known)
         obs = self.warm_obs if cached else self.param_obs
-        dearest = max(changed, key=lambda i: self._param_s(i, cached))
-        bounded = [i for i in changed if i != dearest and self._param_s(i, cached) > seconds]
-        if cached or len(changed) == 1 or self._param_s(dearest, cached) > seconds:
-            bounded.append(dearest)
-        for i in bounded:
-            obs.setdefault(i, []).append(seconds)
+        if cached or len(changed) == 1:
+            obs.setdefault(max(changed, key=lambda i: self._param_s(i, cached)), []).append(seconds)
+        elif known is None:  # no figure from the target: each knob believed dearer than the whole switch
+            for i in [i for i in changed if self._param_s(i, cached) > seconds]:
+                obs.setdefault(i, []).append(seconds)
 
     # ---- estimates -------------------------------------------------------------------------------
     def measure_s(self) -> float:
