@@ -57,11 +57,8 @@ def test_learns_apply_seconds_per_knob_and_measurement_seconds(space):
     graphs = params(space, cuda_graphs="on")
     assert cm.estimate(base, graphs, Transition("restart", (), cached=True)).transition_s == pytest.approx(400.0)
     assert cm.estimate(base, graphs).transition_s == pytest.approx(300.0)  # cold: still the prior
-    cm.observe(base, glue, took(999.0, 5.0, ok=False))  # a failure teaches neither: it may end before its switch
+    cm.observe(base, glue, took(999.0, 5.0, ok=False))  # a failure's transition teaches, its measurement not
     assert cm.measure_s() == pytest.approx(120.0) and cm.dearest_seen_s == 400.0
-    assert cm.estimate(base, glue).transition_s == pytest.approx(160.0)
-    cm.observe(base, glue, took(0.3, 0.0, ok=False))  # a compile error at once says nothing of the compile
-    assert cm.estimate(base, glue).transition_s == pytest.approx(160.0)
 
 
 def test_cold_and_warm_compiles_are_learned_apart_per_knob(space):
@@ -142,33 +139,3 @@ def test_the_prediction_is_stored_with_the_trial_and_shown_next_to_the_actual(tm
     assert text.returncode == 0, text.stderr
     flat = " ".join(text.stdout.split())
     assert "transition predicted" in flat and "actual" in flat
-
-
-def test_fresh_starts_are_learned(space):
-    """Nothing built (the first trial, or after a failure) costs a fresh start: the dearest prior
-    until one is seen, then what fresh starts took (a live H200 run predicted 2m30s for every trial
-    after a failure and took 5-15 s with the study's compile cache warm)."""
-    cm = CostModel(space, default_measure_s=10)
-    base = space.baseline_params()
-    assert cm.estimate(None, base).transition_s == 300 and cm.fresh_start_s() == 300
-    for seconds in (40.0, 12.0, 14.0):
-        cm.observe(None, base, took(seconds, 5.0))
-    assert cm.fresh_start_s() == pytest.approx(14.0)
-    assert cm.estimate(None, params(space, attention="mma")).transition_s == pytest.approx(14.0)
-    cm.observe(None, base, took(0.2, 0.0, ok=False))  # a failed fresh start is not one
-    assert cm.fresh_start_s() == pytest.approx(14.0)
-
-
-def test_a_switch_of_several_knobs_bounds_each_of_them(space):
-    """Under the dearest-parameter model a switch of several knobs that took S seconds says none of
-    them costs more than S: each one believed dearer learns S, the others keep what they had."""
-    cm = CostModel(space)
-    base = space.baseline_params()
-    both = params(space, cuda_graphs="on", attention="mma")  # priors: 300 s and 45 s
-    assert cm.estimate(base, params(space, attention="mma")).transition_s == pytest.approx(45.0)
-    cm.observe(base, both, took(100.0, 10.0), cm.estimate(base, both))
-    assert cm.estimate(base, params(space, cuda_graphs="on")).transition_s == pytest.approx(100.0)
-    assert cm.estimate(base, params(space, attention="mma")).transition_s == pytest.approx(45.0)  # not dearer
-    assert cm.estimate(base, both).transition_s == pytest.approx(100.0)
-    cm.observe(base, both, took(30.0, 10.0), cm.estimate(base, both))  # now both are bounded by 30 s
-    assert cm.estimate(base, params(space, attention="mma")).transition_s == pytest.approx(30.0)

@@ -15,14 +15,8 @@ Transition seconds, best source first:
      skips the compile, a fresh worker compiles everything again; a warm switch never seen for a
      parameter is its cold figure times the warm/cold ratio learned on other parameters (at first
      WARM_FRACTION);
-     A cold transition that changed several parameters, with no figure from the target, bounds
-     them: under this model none of them costs more than the whole switch took, so each changed
-     parameter believed dearer learns those seconds (a compiled step believed to take minutes to
-     rebuild that took seconds with the study's compile cache warm says so at once);
   3. the space file's priors (a knob's `prior.apply_cost_s`, else `priors.apply_cost_s[class]`).
-Only transitions that ran to the end teach (ok or wrong): a failure may end long before its switch
-would have. Nothing changed: free. Nothing built (the first trial, or after a failure): a fresh start,
-learned from the fresh starts seen (before any: the dearest parameter's apply seconds).
+Nothing changed: free. Nothing built (the first trial, or after a failure): a fresh start.
 Measurement seconds: the median of what successful measurements cost so far.
 """
 from __future__ import annotations
@@ -64,7 +58,6 @@ class CostModel:
         self.warm_obs: dict[int, list[float]] = {}  # ... of switches whose kernels were cached
         self.class_obs: dict[str, list[float]] = {}  # restart class -> transition seconds
         self.known_ratio: dict[str, list[float]] = {}  # measured / the target's known figure, per class
-        self.fresh_obs: list[float] = []  # transition seconds of trials that started from nothing
         self.measure_obs: list[float] = []
         self.dearest_seen_s = 0.0  # the dearest transition of a successful trial, fresh starts included
 
@@ -77,37 +70,28 @@ class CostModel:
             self.dearest_seen_s = max(self.dearest_seen_s, result.transition_s)
             if result.measure_s > 0:
                 self.measure_obs.append(result.measure_s)
-        if getattr(result.state, "value", result.state) not in ("ok", "wrong"):
-            return  # a failure may have ended before its transition did
-        seconds = result.transition_s
         if built is None:
-            self.fresh_obs.append(seconds)  # says nothing about switching one parameter
-            return
+            return  # a fresh start: says nothing about switching one parameter
         changed = self._changed(built, params)
         if not changed:
             return
         cls = self._class_of(changed).value
-        cached = estimate is not None and estimate.cached
-        known = estimate.known_s if estimate is not None else None
+        seconds = result.transition_s
         self.class_obs.setdefault(cls, []).append(seconds)
+        known = estimate.known_s if estimate is not None else None
         if known is not None and known > 0.5:
             self.known_ratio.setdefault(cls, []).append(seconds / known)
-        obs = self.warm_obs if cached else self.param_obs
+        cached = estimate is not None and estimate.cached
         if cached or len(changed) == 1:
-            obs.setdefault(max(changed, key=lambda i: self._param_s(i, cached)), []).append(seconds)
-        elif known is None:  # no figure from the target: each knob believed dearer than the whole switch
-            for i in [i for i in changed if self._param_s(i, cached) > seconds]:
-                obs.setdefault(i, []).append(seconds)
+            dearest = max(changed, key=lambda i: self._param_s(i, cached))
+            (self.warm_obs if cached else self.param_obs).setdefault(dearest, []).append(seconds)
 
     # ---- estimates -------------------------------------------------------------------------------
     def measure_s(self) -> float:
         return statistics.median(self.measure_obs) if self.measure_obs else self.default_measure_s
 
     def fresh_start_s(self) -> float:
-        """What starting from nothing costs (after a failure): the fresh starts seen, else the dearest
-        parameter's apply seconds."""
-        if self.fresh_obs:
-            return statistics.median(self.fresh_obs)
+        """What starting from nothing costs (after a failure): the dearest parameter's apply seconds."""
         return max((self._param_s(i) for i in range(len(self.params))), default=0.0)
 
     def estimate(self, built: Mapping[str, Any] | None, params: Mapping[str, Any],
@@ -118,25 +102,19 @@ class CostModel:
         cls = RestartClass.RESTART if built is None else self._class_of(changed)
         known = getattr(transition, "known_s", None)
         cached = bool(getattr(transition, "cached", False)) and built is not None
-        seconds = self._seconds(built, changed, cls, known, cached)
+        observed = any(i in (self.warm_obs if cached else self.param_obs) for i in changed)
+        if known is not None and known > 0.5:
+            ratios = self.known_ratio.get(cls.value)
+            seconds = known * (statistics.median(ratios) if ratios else 1.0)
+        elif known is not None and not observed:
+            seconds = known  # the target says (nearly) free and nothing contradicts it yet
+        else:
+            seconds = max((self._param_s(i, cached) for i in changed), default=0.0)
         if built is not None and not changed:
             seconds = 0.0
         return CostEstimate(transition_s=max(0.0, seconds), measure_s=self.measure_s(),
                             restart_class=cls.value, changed=tuple(self.params[i].name for i in changed),
                             cached=cached, known_s=known)
-
-    def _seconds(self, built: Mapping[str, Any] | None, changed: list[int], cls: RestartClass,
-                 known: float | None, cached: bool) -> float:
-        """The transition's seconds, best source first (the module's docstring)."""
-        observed = any(i in (self.warm_obs if cached else self.param_obs) for i in changed)
-        if known is not None and known > 0.5:
-            ratios = self.known_ratio.get(cls.value)
-            return known * (statistics.median(ratios) if ratios else 1.0)
-        if known is not None and not observed:
-            return known  # the target says (nearly) free and nothing contradicts it yet
-        if built is None:
-            return self.fresh_start_s()
-        return max((self._param_s(i, cached) for i in changed), default=0.0)
 
     def confirm_reserve_s(self) -> float:
         """What re-measuring the best may need: the dearest transition seen, then one measurement."""
