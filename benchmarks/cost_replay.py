@@ -26,6 +26,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 from _meta import machine_meta  # noqa: E402
 from autoopt.search.cost import CostModel  # noqa: E402
 from autoopt.search.loop import outcome_from_record  # noqa: E402
+from autoopt.search.resume import interrupted  # noqa: E402
 from autoopt.search.run_types import transition_within  # noqa: E402
 from autoopt.store.reading import open_for_reading  # noqa: E402
 from autoopt.targets.declared import load_declared  # noqa: E402
@@ -59,7 +60,7 @@ def main() -> None:
     args = ap.parse_args()
     with open_for_reading(args.db) as store:
         records = [r for r in store.trials(args.study, ("ok", "wrong", "failed"), with_samples=False)
-                   if not (r.failure and r.failure.kind == "interrupted")]
+                   if not interrupted(r)]
     rows = replay(records, load_declared(args.space))
     summary = {}
     print(f"{'run':>4} {'trials':>7} {'this tree within 50%':>22} {'as the run predicted':>22}")

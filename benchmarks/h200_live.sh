@@ -11,6 +11,8 @@
 # Every stage copies what exists so far into $OUT as one live.tgz (the device returns at most 8 files).
 # The code that runs is the tree of the first call, copied to $LIVE/src: later calls re-send the
 # working tree, and a run in flight must not have its modules replaced under it.
+# SPACE (default dsv4_flash_decode) and NO_WHEELS=1 (skip the wheel install) let it be tried on a CPU:
+#   NO_WHEELS=1 SPACE=dsv4_tiny_cpu BUDGET=25s WAIT_S=60 LIVE=/tmp/live OUT=/tmp/out bash benchmarks/h200_live.sh start
 set -uo pipefail
 OUT=${OUT:-/tmp/autoopt-out}; LIVE=${LIVE:-/tmp/autoopt-live}; mkdir -p "$OUT" "$LIVE"
 BUDGET=${BUDGET:-10m}; WAIT_S=${WAIT_S:-560}; STUDY=flash-h200
@@ -37,7 +39,8 @@ launch() {  # $1: run number; run 2 resumes the study of run 1
 running() { [ -f "$LIVE/pid" ] && kill -0 "$(cat "$LIVE/pid")" 2>/dev/null; }
 
 DEADLINE=$((SECONDS + WAIT_S))
-follow() {  # until the run ends or this call's WAIT_S has passed
+follow() {  # until the run ends or this call's WAIT_S has passed; then its export, once
+  [ -f "$LIVE/pid" ] || return 0  # no run in flight: the last one was exported when it ended
   while running && [ "$SECONDS" -lt "$DEADLINE" ]; do sleep 5; done
   if running; then echo "run $(cat "$LIVE/current") still running at $(date -u +%T)"; return 1; fi
   local n; n=$(cat "$LIVE/current"); echo "run $n ended at $(date -u +%T)"; rm -f "$LIVE/pid"
