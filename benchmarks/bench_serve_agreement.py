@@ -17,6 +17,10 @@ Prints a table (median and spread per C) and writes benchmarks/results/bench_ser
 (machine, versions, date, every run). Agreement: the medians within 10 %.
 
     python benchmarks/bench_serve_agreement.py --aiperf /tmp/aiperf/bin/aiperf --concurrency 1,4
+
+On a GPU, against the server h200_serve.sh tuned (benchmarks/h200_agreement.sh does this on the H200):
+
+    python benchmarks/bench_serve_agreement.py --model DIR --server-arg=--device --server-arg=cuda ...
 """
 from __future__ import annotations
 
@@ -46,16 +50,19 @@ AGREE_WITHIN = 0.10
 OUT = REPO / "benchmarks" / "results" / "bench_serve_agreement.json"
 
 
-def start_server(model: Path, home: Path, log: Path, cpus: str | None) -> tuple[launch.ServerProcess, str]:
+def start_server(model: Path, home: Path, log: Path, cpus: str | None,
+                 extra: list[str]) -> tuple[launch.ServerProcess, str]:
     import tiny_serving_model
 
     port = launch.free_port("127.0.0.1")
     pin = ["taskset", "-c", cpus] if cpus else []  # the server on its own cores: see --server-cpus
-    plan = launch.plan(pin + ["transformers", "serve", str(model), "--host", "127.0.0.1", "--port", str(port)],
+    # this interpreter's transformers (a venv's python may run without the venv on PATH)
+    serve = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(model)]
+    plan = launch.plan(pin + serve + ["--host", "127.0.0.1", "--port", str(port)] + extra,
                        {}, {}, {}, base_env=tiny_serving_model.serving_env(home))
     proc = launch.ServerProcess(plan, log)
     url = f"http://127.0.0.1:{port}"
-    readiness.wait_ready(url, proc, 180)
+    readiness.wait_ready(url, proc, 600)  # a GPU model with CUDA graphs takes a while
     return proc, url
 
 
@@ -83,7 +90,10 @@ def aiperf_run(aiperf: str, url: str, model: Path, c: int, args: argparse.Namesp
            "--no-server-metrics"] + (["--warmup-request-count", str(args.generator_warmup)]
                                      if args.generator_warmup else [])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    # AIPerf 0.13 in HF offline mode looks a tokenizer up only in the hub cache, where a local folder
+    # is not (HFValidationError); online, a folder loads from disk with no network call
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)  # its whole tree
     export = out / "profile_export_aiperf.json"
@@ -112,8 +122,25 @@ def _cpu_list(text: str) -> set[int]:
     return cpus
 
 
+def model_meta(folder: str | None) -> dict[str, Any] | None:
+    """What h200_serve_model.py recorded of the model it built (architecture, size), if it did."""
+    meta = Path(folder) / "autoopt_model.json" if folder else None
+    return json.loads(meta.read_text()) if meta and meta.is_file() else None
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def paired_ratios(rows: list[dict[str, Any]], c: int) -> dict[str, Any]:
+    """autoopt / AIPerf within each repeat (the two runs of one A B or B A pair, seconds apart): the
+    server's slow drifts cancel in it, which they do not in a ratio of medians over the session."""
+    by_rep: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if r["concurrency"] == c:
+            by_rep.setdefault(r["repeat"], {})[r["tool"]] = r["output_tok_per_s"]
+    ratios = [v["autoopt"] / v["aiperf"] for _, v in sorted(by_rep.items()) if len(v) == 2]
+    return {"per_repeat": ratios, **summary(ratios)} if ratios else {}
 
 
 def main() -> None:
@@ -130,14 +157,20 @@ def main() -> None:
                          "AIPerf's start-up (~10 s of CPU for its processes) then falls outside its timing")
     ap.add_argument("--server-cpus", help="CPUs for the server (taskset list, e.g. 1): with --generator-cpus, "
                     "neither generator's own CPU use (AIPerf's process tree: 11-15 s a run) slows the server")
+    ap.add_argument("--model", help="a model folder to serve instead of the tiny random Llama (e.g. one "
+                    "benchmarks/h200_serve_model.py built: no end-of-sequence token, so every request "
+                    "generates exactly --output-tokens)")
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="an extra argument for `transformers serve` (repeatable), e.g. --server-arg=--device "
+                         "--server-arg=cuda --server-arg=--continuous-batching")
     ap.add_argument("--generator-cpus", help="CPUs for this script and the AIPerf processes it starts (e.g. 0)")
     args = ap.parse_args()
     load_before = os.getloadavg()
     import tiny_serving_model
 
     work = Path(tempfile.mkdtemp(prefix="bench-serve-agreement-"))
-    model = tiny_serving_model.build(work / "model")
-    proc, url = start_server(model, work / "home", work / "server.log", args.server_cpus)
+    model = Path(args.model) if args.model else tiny_serving_model.build(work / "model")
+    proc, url = start_server(model, work / "home", work / "server.log", args.server_cpus, args.server_arg)
     if args.generator_cpus:  # after the server's start: AIPerf, started from here, inherits it
         os.sched_setaffinity(0, _cpu_list(args.generator_cpus))
     rows: list[dict[str, Any]] = []
@@ -157,27 +190,34 @@ def main() -> None:
                     rows.append({"tool": tool, "concurrency": c, "repeat": rep, "started": t0} | row)
                     print(f"C={c} repeat {rep} {tool:8s} {row['output_tok_per_s']:8.1f} tok/s "
                           f"({row['output_tokens']} tokens / {row['duration_s']:.2f} s)", flush=True)
+                    report(rows, args, cs, load_before, quiet=True)  # a run cut short keeps its figures
     finally:
         proc.stop(10)
     report(rows, args, cs, load_before)
 
 
-def report(rows: list[dict[str, Any]], args: argparse.Namespace, cs: list[int], load_before: tuple) -> None:
+def report(rows: list[dict[str, Any]], args: argparse.Namespace, cs: list[int], load_before: tuple,
+           quiet: bool = False) -> None:
+    """Write the JSON (every C with runs of both tools so far); print the table unless quiet."""
     import transformers
 
     table = {}
-    print(f"\n{'C':>3} {'autoopt tok/s':>26} {'AIPerf tok/s':>26} {'ratio':>7}  agree")
-    for c in cs:
+    say = (lambda *a, **k: None) if quiet else print
+    say(f"\n{'C':>3} {'autoopt tok/s':>26} {'AIPerf tok/s':>26} {'ratio':>7}  agree")
+    for c in [c for c in cs if {r["tool"] for r in rows if r["concurrency"] == c} == {"autoopt", "aiperf"}]:
         per = {t: summary([r["output_tok_per_s"] for r in rows if r["tool"] == t and r["concurrency"] == c])
                for t in ("autoopt", "aiperf")}
         ratio = per["autoopt"]["median"] / per["aiperf"]["median"]
-        per |= {"ratio_autoopt_over_aiperf": ratio, "agree_within_10pct": abs(ratio - 1) <= AGREE_WITHIN}
+        per |= {"ratio_autoopt_over_aiperf": ratio, "agree_within_10pct": abs(ratio - 1) <= AGREE_WITHIN,
+                "paired_ratio": paired_ratios(rows, c)}
         for key in ("generator_cpu_s", "server_s_per_request"):  # why they differ, where they do
             per[key] = {t: statistics.median(r[key] for r in rows if r["tool"] == t and r["concurrency"] == c)
                         for t in ("autoopt", "aiperf")}
         table[str(c)] = per
         cell = {t: f"{per[t]['median']:.1f} [{per[t]['min']:.1f}, {per[t]['max']:.1f}]" for t in ("autoopt", "aiperf")}
-        print(f"{c:>3} {cell['autoopt']:>26} {cell['aiperf']:>26} {ratio:7.3f}  "
+        pr = per["paired_ratio"]
+        say(f"{c:>3} {cell['autoopt']:>26} {cell['aiperf']:>26} {ratio:7.3f}  "
+              f"paired {pr['median']:.3f} [{pr['min']:.3f}, {pr['max']:.3f}]  "
               f"{'yes' if per['agree_within_10pct'] else 'NO'}   generator CPU s {per['generator_cpu_s']['autoopt']:.2f}"
               f" vs {per['generator_cpu_s']['aiperf']:.2f}; request s {per['server_s_per_request']['autoopt']:.3f}"
               f" vs {per['server_s_per_request']['aiperf']:.3f}")
@@ -188,14 +228,16 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, cs: list[int], 
                         "requests": args.requests, "repeats": args.repeats, "order": "A B B A interleaved",
                         "generator_warmup_requests": args.generator_warmup,
                         "cpus": {"server": args.server_cpus, "generators": args.generator_cpus},
-                        "server": "transformers serve, tiny random Llama (tests/tiny_serving_model.py), CPU"},
+                        "server": (f"transformers serve {args.model} {' '.join(args.server_arg)}" if args.model
+                                   else "transformers serve, tiny random Llama (tests/tiny_serving_model.py), CPU"),
+                        "model": model_meta(args.model)},
            "definitions": {"autoopt": "total output tokens / (first request sent -> last response end)",
                            "aiperf": "output_token_throughput: total output tokens / benchmark_duration"},
            "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
            "summary": table, "runs": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    say(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -208,7 +208,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=None, help="context_len override")
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--samples", type=int, default=15)
-    ap.add_argument("--best", default=None, help="config.yaml exported by `autoopt best --export`")
+    ap.add_argument("--best", action="append", default=[],
+                    help="config.yaml exported by `autoopt best --export` (repeatable: each is a row)")
     ap.add_argument("--only", default=None, help="comma-separated labels of SINGLE_CHANGES to run")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile(max-autotune)")
     ap.add_argument("--compile-mode", default="max-autotune")
@@ -238,9 +239,10 @@ def main() -> None:
     if args.best:
         from autoopt.targets.builtin.config_file import load_config_file
 
-        loaded = load_config_file(args.best)
-        todo = todo + [(f"best (autoopt run: {Path(args.best).name})", dict(loaded.knobs),
-                        loaded.layer_overrides)]
+        for path in args.best:
+            loaded = load_config_file(path)
+            todo = todo + [(f"best (autoopt run: {Path(path).name})", dict(loaded.knobs),
+                            loaded.layer_overrides)]
     state = WorkerState(args.device)
     result = {"benchmark": "h200_decode", "machine": machine_meta(), "preset": args.preset,
               "shape_overrides": shape, "concurrency": conc, "profile_concurrency": profile_c,

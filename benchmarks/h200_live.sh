@@ -7,7 +7,7 @@
 #   bash benchmarks/h200_live.sh start     # run 1 in the background, follow it for WAIT_S (default 560)
 #   bash benchmarks/h200_live.sh wait      # until run 1 ends; export; then start run 2 (the resume)
 #   bash benchmarks/h200_live.sh wait      # until run 2 ends; export
-#   bash benchmarks/h200_live.sh table     # h200_decode.py: hand-tuned final row + the exported best
+#   bash benchmarks/h200_live.sh table     # h200_decode.py: hand-tuned final row + both runs' exported bests
 # Every stage copies what exists so far into $OUT as one live.tgz (the device returns at most 8 files).
 # The code that runs is the tree of the first call, copied to $LIVE/src: later calls re-send the
 # working tree, and a run in flight must not have its modules replaced under it.
@@ -60,11 +60,14 @@ case "${1:-}" in
   wait)
     follow && { grep -q done2 "$LIVE/finished" 2>/dev/null || launch 2; }
     grep -q done2 "$LIVE/finished" 2>/dev/null || follow ;;
+  finish)  # until the run in flight ends, then its export; no resume
+    follow || exit 1 ;;
   table)
     follow || exit 1
+    bests=(); for f in "$LIVE"/config2.yaml "$LIVE"/config1.yaml; do [ -f "$f" ] && bests+=(--best "$f"); done
     timeout ${DECODE_S:-420} python3 benchmarks/h200_decode.py --no-compile --samples 10 \
-        --only "$HAND_TUNED" --best "$LIVE/config$(cat "$LIVE/current").yaml" --out "$LIVE/h200_decode.json" \
+        --only "$HAND_TUNED" "${bests[@]}" --out "$LIVE/h200_decode.json" \
         > "$LIVE/decode.log" 2>&1; tail -8 "$LIVE/decode.log" ;;
-  *) echo "usage: $0 start|wait|table"; exit 2 ;;
+  *) echo "usage: $0 start|wait|finish|table"; exit 2 ;;
 esac
 collect

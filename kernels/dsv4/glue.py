@@ -110,6 +110,17 @@ def raise_recompile_limit(entries: int) -> None:
         dyn.fail_on_recompile_limit_hit = True
 
 
+def specialize_int_inputs() -> None:
+    """Keep every Python int a compiled frame reads a constant (process-wide): Dynamo's default
+    (automatic dynamic) turns an int that differs between calls of one frame into a SymInt. The
+    step reads per-layer ints — attention tiles per layer class, layer indices — so one step already
+    calls a frame with several values; a SymInt tile then reaches a Triton constexpr ("'SymNodeVariable'
+    object has no attribute 'value'": 24 failed trials of the live H200 run) and a SymInt layer index
+    misses the (layer, prefix) keys of the cached bf16 hc_fn weights. Tensor shapes (the batch) stay
+    dynamic. A new value now costs a recompile, as a changed string knob always did."""
+    torch._dynamo.config.specialize_int = True
+
+
 @dataclass(frozen=True)
 class Glue:
     mode: str  # one of MODES

@@ -28,7 +28,7 @@ import torch
 from dsv4.cache import DecodeCache
 from dsv4.config import DecodeConfig
 from dsv4.device import capabilities, device_info
-from dsv4.glue import Glue, make_glue, raise_recompile_limit
+from dsv4.glue import Glue, make_glue, raise_recompile_limit, specialize_int_inputs
 from dsv4.knobs import KNOB_BY_NAME, KNOBS, unmet_requirement
 from dsv4.model import BREAKABLE_OPS, ModelState, decode_forward, make_plans
 from dsv4.sections import section
@@ -113,6 +113,7 @@ def step_function(cfg: DecodeConfig):
     # every configuration adds entries (batch 1, symbolic batch): a search passes Dynamo's default
     # limit of 8 quickly
     raise_recompile_limit(STEP_COMPILE_RECOMPILE_LIMIT)
+    specialize_int_inputs()  # tiles and layer indices stay constants (see its docstring)
     # dynamic=None: the first batch size compiles static, the next one compiles a graph with a
     # symbolic batch that every later size reuses (batch 1 always keeps its own specialisation)
     return torch.compile(decode_and_sample)
