@@ -32,15 +32,23 @@ from autoopt.store.reading import open_for_reading  # noqa: E402
 from autoopt.targets.declared import load_declared  # noqa: E402
 
 
+WORKER_DIES = ("crash", "hang", "cuda")  # autoopt.targets.builtin.worker.classify: the fatal kinds
+
+
 def replay(records: list, space) -> list[dict]:
     costs = CostModel(space)
-    built, run, rows = None, None, []
+    built, run, rows, survived = None, None, [], False
     for rec in records:
         t = outcome_from_record(rec)
         if rec.run_id != run:
-            built, run = None, rec.run_id  # a new run starts a fresh worker
+            built, run, survived = None, rec.run_id, False  # a new run starts a fresh worker
+            costs.after_failure = False
         stored = t.decision.expected_cost if t.decision is not None else None
-        facts = SimpleNamespace(cached=bool(stored and stored.cached), known_s=stored.known_s if stored else None)
+        # the builtin target's own fact: after a failure its worker survived (any kind but a crash,
+        # hang or CUDA fault) a live worker holds an unknown state ("rebuild"); else a new one starts
+        live = built is None and survived
+        facts = SimpleNamespace(cached=bool(stored and stored.cached), known_s=stored.known_s if stored else None,
+                                restart_class="rebuild" if live else (stored.restart_class if stored else "restart"))
         est = costs.estimate(built, t.params, facts)
         if t.result.state in ("ok", "wrong"):
             rows.append({"number": rec.number, "run": rec.run_id, "actual_s": t.result.transition_s,
@@ -48,6 +56,7 @@ def replay(records: list, space) -> list[dict]:
                          "stored_s": stored.transition_s if stored else None, "fresh": built is None})
         costs.observe(built, t.params, t.result, est)
         built = dict(t.params) if t.result.ok else None
+        survived = not t.result.ok and (rec.failure is None or rec.failure.kind not in WORKER_DIES)
     return rows
 
 

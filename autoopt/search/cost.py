@@ -16,7 +16,12 @@ Transition seconds, best source first:
      parameter is its cold figure times the warm/cold ratio learned on other parameters (at first
      WARM_FRACTION);
   3. the space file's priors (a knob's `prior.apply_cost_s`, else `priors.apply_cost_s[class]`).
-Nothing changed: free. Nothing built (the first trial, or after a failure): a fresh start.
+Nothing changed: free. Nothing built (the first trial, or after a failure): a fresh start — unless
+the target says its process lives on (a failure its worker survived: the Transition's class is
+"rebuild"). Then what it holds is unknown but its caches are warm, and the seconds are learned from
+such trials (`relaunch_obs`); before the first, the fresh start's. (On the live H200 every trial after
+a failure was predicted at the cold step compile, 2 min 30 s, and took 1-24 s; the run stopped itself
+with 4 minutes left.)
 Measurement seconds: the median of what successful measurements cost so far.
 """
 from __future__ import annotations
@@ -59,6 +64,8 @@ class CostModel:
         self.class_obs: dict[str, list[float]] = {}  # restart class -> transition seconds
         self.known_ratio: dict[str, list[float]] = {}  # measured / the target's known figure, per class
         self.measure_obs: list[float] = []
+        self.relaunch_obs: list[float] = []  # transitions from nothing known into a live process
+        self.after_failure = False  # the last trial of this run failed (a new run's worker is fresh)
         self.dearest_seen_s = 0.0  # the dearest transition of a successful trial, fresh starts included
 
     # ---- learning --------------------------------------------------------------------------------
@@ -70,8 +77,13 @@ class CostModel:
             self.dearest_seen_s = max(self.dearest_seen_s, result.transition_s)
             if result.measure_s > 0:
                 self.measure_obs.append(result.measure_s)
-        if built is None:
-            return  # a fresh start: says nothing about switching one parameter
+        follows_failure, self.after_failure = self.after_failure, (not result.ok if estimate is not None
+                                                                   else self.after_failure)
+        if built is None:  # says nothing about switching one parameter
+            if (result.ok and follows_failure and estimate is not None
+                    and estimate.restart_class == RestartClass.REBUILD.value):
+                self.relaunch_obs.append(result.transition_s)  # a live process after a failure
+            return
         changed = self._changed(built, params)
         if not changed:
             return
@@ -100,6 +112,13 @@ class CostModel:
         `transition` is the target's Transition for it, when asked."""
         changed = list(range(len(self.params))) if built is None else self._changed(built, params)
         cls = RestartClass.RESTART if built is None else self._class_of(changed)
+        # nothing known runs, but the target's process does (its "rebuild": a live worker whose
+        # state is unknown); any other class with nothing built is a fresh start
+        # (a target that knows its seconds, a recorded table, says so itself: its figure rules)
+        live = (built is None and self.after_failure and getattr(transition, "known_s", None) is None
+                and getattr(transition, "restart_class", None) == RestartClass.REBUILD.value)
+        if live:
+            cls = RestartClass.REBUILD
         known = getattr(transition, "known_s", None)
         cached = bool(getattr(transition, "cached", False)) and built is not None
         observed = any(i in (self.warm_obs if cached else self.param_obs) for i in changed)
@@ -108,6 +127,8 @@ class CostModel:
             seconds = known * (statistics.median(ratios) if ratios else 1.0)
         elif known is not None and not observed:
             seconds = known  # the target says (nearly) free and nothing contradicts it yet
+        elif live and self.relaunch_obs:
+            seconds = statistics.median(self.relaunch_obs)
         else:
             seconds = max((self._param_s(i, cached) for i in changed), default=0.0)
         if built is not None and not changed:
