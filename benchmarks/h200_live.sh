@@ -8,6 +8,9 @@
 #   bash benchmarks/h200_live.sh wait      # until run 1 ends; export; then start run 2 (the resume)
 #   bash benchmarks/h200_live.sh wait      # until run 2 ends; export
 #   bash benchmarks/h200_live.sh table     # h200_decode.py: hand-tuned final row + both runs' exported bests
+# Send each next call at once: a machine idle for 30 s is handed back, and the run in flight with it
+# (a session lost run 1 that way while editing between calls).
+#   bash benchmarks/h200_live.sh finish    # until the run in flight ends; export; no resume
 # Every stage copies what exists so far into $OUT as one live.tgz (the device returns at most 8 files).
 # The code that runs is the tree of the first call, copied to $LIVE/src: later calls re-send the
 # working tree, and a run in flight must not have its modules replaced under it.
