@@ -96,14 +96,19 @@ def test_greedy_tokens_is_argmax_including_ties(vocab):
     assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
 
 
-def _int_placeholders_after_two_calls(pin: bool, monkeypatch) -> list[str]:
+def _int_placeholders_after_two_calls(pin: bool) -> list[str]:
     """Compile one frame, call it with two values of an int argument -> the SymInt inputs of the
-    graphs Dynamo built."""
-    from dsv4.glue import specialize_int_inputs
+    graphs Dynamo built. Under config.patch: the process-wide setting comes back as it was (a
+    monkeypatch undo would delete the key, which hides it from every later compile)."""
+    with torch._dynamo.config.patch(specialize_int=False):  # Dynamo's default
+        if pin:
+            from dsv4.glue import specialize_int_inputs
 
-    monkeypatch.setattr(torch._dynamo.config, "specialize_int", False)  # Dynamo's default; restored after
-    if pin:
-        specialize_int_inputs()
+            specialize_int_inputs()
+        return _symints_of_a_frame_called_twice()
+
+
+def _symints_of_a_frame_called_twice() -> list[str]:
     seen: list[str] = []
 
     def backend(gm, example_inputs):
@@ -124,10 +129,12 @@ def _int_placeholders_after_two_calls(pin: bool, monkeypatch) -> list[str]:
     return seen
 
 
-def test_specialize_int_inputs_keeps_a_frames_ints_constant(monkeypatch):
+def test_specialize_int_inputs_keeps_a_frames_ints_constant():
     """The live H200 run lost 24 trials to a SymInt tile at a Triton launch: with Dynamo's default a
     frame's int argument that changes becomes symbolic; step_function pins ints so it stays a constant
     (one graph per value) — and the default really does make it symbolic (the test can fail)."""
-    assert _int_placeholders_after_two_calls(pin=False, monkeypatch=monkeypatch), \
+    before = torch._dynamo.config.specialize_int
+    assert _int_placeholders_after_two_calls(pin=False), \
         "Dynamo's default no longer makes a changed int symbolic: the pin may be unnecessary"
-    assert _int_placeholders_after_two_calls(pin=True, monkeypatch=monkeypatch) == []
+    assert _int_placeholders_after_two_calls(pin=True) == []
+    assert torch._dynamo.config.specialize_int == before  # nothing leaks into later tests
