@@ -42,12 +42,13 @@ def replay(records: list, space) -> list[dict]:
         t = outcome_from_record(rec)
         if rec.run_id != run:
             built, run, survived = None, rec.run_id, False  # a new run starts a fresh worker
-            costs.after_failure = False
         stored = t.decision.expected_cost if t.decision is not None else None
         # the builtin target's own fact: after a failure its worker survived (any kind but a crash,
-        # hang or CUDA fault) a live worker holds an unknown state ("rebuild"); else a new one starts
+        # hang or CUDA fault) a live worker that has built before holds an unknown state ("rebuild",
+        # cached); else a new one starts
         live = built is None and survived
-        facts = SimpleNamespace(cached=bool(stored and stored.cached), known_s=stored.known_s if stored else None,
+        facts = SimpleNamespace(cached=live or bool(stored and stored.cached),
+                                known_s=stored.known_s if stored else None,
                                 restart_class="rebuild" if live else (stored.restart_class if stored else "restart"))
         est = costs.estimate(built, t.params, facts)
         if t.result.state in ("ok", "wrong"):
@@ -56,6 +57,7 @@ def replay(records: list, space) -> list[dict]:
                          "stored_s": stored.transition_s if stored else None, "fresh": built is None})
         costs.observe(built, t.params, t.result, est)
         built = dict(t.params) if t.result.ok else None
+        # (a run's first trial, the baseline, built something before any later failure)
         survived = not t.result.ok and (rec.failure is None or rec.failure.kind not in WORKER_DIES)
     return rows
 

@@ -142,9 +142,13 @@ def test_trial_failures_are_measurements_and_the_next_trial_runs(fault, kind):
         assert m.failure.stderr_tail  # the child's own words
         assert m.config["attention"] == "per_head"  # the normalized config is kept with the failure
         if kind != "crash":  # the worker lives on, but what it holds is no longer trusted
-            assert t.transition(t.baseline()).restart_class == "rebuild"
+            tr = t.transition(t.baseline())
+            assert tr.restart_class == "rebuild" and not tr.cached  # it never built: caches cold
         ok = t.evaluate(_req(concurrency=(1,)))
         assert ok.status == "ok", ok.failure
+        if kind != "crash":  # after a build, a survived failure leaves warm caches behind
+            assert t.evaluate(_req(extra={"fault": fault})).status == "failed"
+            assert t.transition(t.baseline()).cached
         if kind == "crash":
             assert t.workers_started == 2 and ok.costs_s["restart"] > 0
         else:

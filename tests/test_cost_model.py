@@ -142,22 +142,24 @@ def test_the_prediction_is_stored_with_the_trial_and_shown_next_to_the_actual(tm
 
 
 def test_a_worker_that_survived_a_failure_is_not_a_fresh_start_once_seen(space):
-    """After a failure the loop trusts nothing built; the builtin target says its worker lives on
-    ("rebuild") or died ("restart"). A live worker keeps its caches: what switching into it costs is
-    learned from such trials (only successful ones: a failure's seconds are not a switch), and used
-    only right after a failure (a new run's worker is a fresh start again)."""
+    """After a failure the loop trusts nothing built; the builtin target says its worker lives on and
+    has built before ("rebuild", cached), lives on fresh ("rebuild"), or died ("restart"). A worker
+    with warm caches is learned from such trials (only successful ones: a failure's seconds are not
+    a switch); the others stay a fresh start."""
     cm = CostModel(space)
-    base, att = space.baseline_params(), params(space, attention="mma")
-    live, dead = Transition("rebuild", ("attention",)), Transition("restart", ("attention",))
+    base = space.baseline_params()
+    warm = Transition("rebuild", ("attention",), cached=True)
+    fresh, dead = Transition("rebuild", ("attention",)), Transition("restart", ("attention",))
     fresh_s = cm.fresh_start_s()
-    cm.observe(base, att, took(0.3, 0.0, ok=False), cm.estimate(base, att))  # a failure
-    first = cm.estimate(None, base, live)
-    assert first.restart_class == "rebuild" and first.transition_s == pytest.approx(fresh_s)  # nothing seen yet
-    cm.observe(None, base, took(0.0, 0.0, ok=False), first)  # it failed too: teaches nothing
+    first = cm.estimate(None, base, warm)  # before any: the dearest knob's warm (cached) switch
+    assert first.restart_class == "rebuild" and first.cached
+    assert first.transition_s == pytest.approx(fresh_s * cm.warm_fraction())
+    cm.observe(None, base, took(0.0, 0.0, ok=False), first)  # it failed: teaches nothing
     assert cm.relaunch_obs == []
-    cm.observe(None, base, took(4.0, 20.0), cm.estimate(None, base, live))
-    cm.observe(base, att, took(0.3, 0.0, ok=False), cm.estimate(base, att))  # another failure
-    assert cm.estimate(None, base, live).transition_s == pytest.approx(4.0)
-    assert cm.estimate(None, base, dead).transition_s == pytest.approx(fresh_s)  # a dead worker: fresh
-    cm.after_failure = False  # what autoopt.search.resume does for a new run
-    assert cm.estimate(None, base, live).transition_s == pytest.approx(fresh_s)
+    cm.observe(None, base, took(4.0, 20.0), cm.estimate(None, base, warm))
+    assert cm.estimate(None, base, warm).transition_s == pytest.approx(4.0)
+    for other in (fresh, dead):  # a worker that never built, or a new one: a fresh start
+        e = cm.estimate(None, base, other)
+        assert e.transition_s == pytest.approx(fresh_s) and not e.cached
+    cm.observe(None, base, took(90.0, 20.0), cm.estimate(None, base, fresh))  # not a warm relaunch
+    assert cm.relaunch_obs == [4.0]

@@ -17,11 +17,11 @@ Transition seconds, best source first:
      WARM_FRACTION);
   3. the space file's priors (a knob's `prior.apply_cost_s`, else `priors.apply_cost_s[class]`).
 Nothing changed: free. Nothing built (the first trial, or after a failure): a fresh start — unless
-the target says its process lives on (a failure its worker survived: the Transition's class is
-"rebuild"). Then what it holds is unknown but its caches are warm, and the seconds are learned from
-such trials (`relaunch_obs`); before the first, the fresh start's. (On the live H200 every trial after
-a failure was predicted at the cold step compile, 2 min 30 s, and took 1-24 s; the run stopped itself
-with 4 minutes left.)
+the target says a process that has built before lives on (a failure its worker survived: the
+Transition is "rebuild" and `cached`). What it holds is unknown but its caches are warm: the seconds
+are learned from such trials (`relaunch_obs`); before the first, the dearest knob's warm switch. (On the live H200
+every trial after a failure was predicted at the cold step compile, 2 min 30 s, and took 1-24 s; the
+run stopped itself with 4 minutes left.)
 Measurement seconds: the median of what successful measurements cost so far.
 """
 from __future__ import annotations
@@ -65,7 +65,6 @@ class CostModel:
         self.known_ratio: dict[str, list[float]] = {}  # measured / the target's known figure, per class
         self.measure_obs: list[float] = []
         self.relaunch_obs: list[float] = []  # transitions from nothing known into a live process
-        self.after_failure = False  # the last trial of this run failed (a new run's worker is fresh)
         self.dearest_seen_s = 0.0  # the dearest transition of a successful trial, fresh starts included
 
     # ---- learning --------------------------------------------------------------------------------
@@ -77,12 +76,9 @@ class CostModel:
             self.dearest_seen_s = max(self.dearest_seen_s, result.transition_s)
             if result.measure_s > 0:
                 self.measure_obs.append(result.measure_s)
-        follows_failure, self.after_failure = self.after_failure, (not result.ok if estimate is not None
-                                                                   else self.after_failure)
         if built is None:  # says nothing about switching one parameter
-            if (result.ok and follows_failure and estimate is not None
-                    and estimate.restart_class == RestartClass.REBUILD.value):
-                self.relaunch_obs.append(result.transition_s)  # a live process after a failure
+            if result.ok and estimate is not None and _warm_relaunch(estimate):
+                self.relaunch_obs.append(result.transition_s)
             return
         changed = self._changed(built, params)
         if not changed:
@@ -112,15 +108,11 @@ class CostModel:
         `transition` is the target's Transition for it, when asked."""
         changed = list(range(len(self.params))) if built is None else self._changed(built, params)
         cls = RestartClass.RESTART if built is None else self._class_of(changed)
-        # nothing known runs, but the target's process does (its "rebuild": a live worker whose
-        # state is unknown); any other class with nothing built is a fresh start
-        # (a target that knows its seconds, a recorded table, says so itself: its figure rules)
-        live = (built is None and self.after_failure and getattr(transition, "known_s", None) is None
-                and getattr(transition, "restart_class", None) == RestartClass.REBUILD.value)
+        known = getattr(transition, "known_s", None)
+        live = built is None and transition is not None and _warm_relaunch(transition)
         if live:
             cls = RestartClass.REBUILD
-        known = getattr(transition, "known_s", None)
-        cached = bool(getattr(transition, "cached", False)) and built is not None
+        cached = bool(getattr(transition, "cached", False)) and (built is not None or live)
         observed = any(i in (self.warm_obs if cached else self.param_obs) for i in changed)
         if known is not None and known > 0.5:
             ratios = self.known_ratio.get(cls.value)
@@ -168,3 +160,11 @@ class CostModel:
         ratios = [statistics.median(w) / statistics.median(self.param_obs[i]) for i, w in self.warm_obs.items()
                   if self.param_obs.get(i) and statistics.median(self.param_obs[i]) > 0]
         return min(1.0, statistics.median(ratios)) if ratios else WARM_FRACTION
+
+
+def _warm_relaunch(t: Any) -> bool:
+    """Nothing known runs, but the target's process has built before and lives on (its "rebuild",
+    cached). With nothing built any other transition is a fresh start; a target that knows its
+    seconds (a recorded table) gives them itself."""
+    return (getattr(t, "restart_class", None) == RestartClass.REBUILD.value
+            and bool(getattr(t, "cached", False)) and getattr(t, "known_s", None) is None)

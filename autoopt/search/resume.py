@@ -36,7 +36,6 @@ def history_and_queue(store: Any, space: Any, study: str, costs: Any) -> tuple[l
     for t in history:
         costs.observe(built, t.params, t.result, t.decision.expected_cost if t.decision else None)
         built = dict(t.params) if t.result.ok else None
-    costs.after_failure = False  # this run starts its own worker: a fresh start, not a live one
     # The baseline is measured again in every run (a speed-up compares two figures of one session:
     # the machine's state drifts between sessions), unless a run working on the study right now
     # measured it (they share it: autoopt.search.sharing); always profiled, as the first build.

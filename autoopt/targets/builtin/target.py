@@ -224,7 +224,8 @@ class BuiltinTarget:
         if self._client is None or not self._client.alive:
             return Transition(RestartClass.RESTART.value, everything)
         if self._built is None:  # a live worker with nothing trusted in it (fresh, or after a failure)
-            return Transition(RestartClass.REBUILD.value, everything)
+            # cached: it has built before, so its in-process caches (Dynamo, Triton) are warm
+            return Transition(RestartClass.REBUILD.value, everything, cached=bool(self._compiled))
         changed = tuple(k for k in KNOB_BY_NAME if self._effective(self._built, k) != self._effective(to, k))
         cls = RestartClass.dearest(KNOB_BY_NAME[k].restart_class for k in changed)
         cached = cls is RestartClass.RECOMPILE and self._compile_key(to) in self._compiled
