@@ -173,6 +173,9 @@ def main() -> None:
     proc, url = start_server(model, work / "home", work / "server.log", args.server_cpus, args.server_arg)
     if args.generator_cpus:  # after the server's start: AIPerf, started from here, inherits it
         os.sched_setaffinity(0, _cpu_list(args.generator_cpus))
+    import transformers
+
+    meta = {"machine": machine_meta(), "transformers": transformers.__version__}  # once, not per run
     rows: list[dict[str, Any]] = []
     try:
         w = loadgen.Workload(model=str(model), prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
@@ -190,40 +193,47 @@ def main() -> None:
                     rows.append({"tool": tool, "concurrency": c, "repeat": rep, "started": t0} | row)
                     print(f"C={c} repeat {rep} {tool:8s} {row['output_tok_per_s']:8.1f} tok/s "
                           f"({row['output_tokens']} tokens / {row['duration_s']:.2f} s)", flush=True)
-                    report(rows, args, cs, load_before, quiet=True)  # a run cut short keeps its figures
+                    write_result(rows, args, cs, meta, load_before)
     finally:
         proc.stop(10)
-    report(rows, args, cs, load_before)
+    print_table(write_result(rows, args, cs, meta, load_before))
+    print(f"wrote {args.out}")
 
 
-def report(rows: list[dict[str, Any]], args: argparse.Namespace, cs: list[int], load_before: tuple,
-           quiet: bool = False) -> None:
-    """Write the JSON (every C with runs of both tools so far); print the table unless quiet."""
-    import transformers
-
+def summarise(rows: list[dict[str, Any]], cs: list[int]) -> dict[str, Any]:
+    """Per C with runs of both tools so far: each tool's median and spread, their ratio, the ratio
+    within each pair, and beside them what could explain a gap."""
     table = {}
-    say = (lambda *a, **k: None) if quiet else print
-    say(f"\n{'C':>3} {'autoopt tok/s':>26} {'AIPerf tok/s':>26} {'ratio':>7}  agree")
     for c in [c for c in cs if {r["tool"] for r in rows if r["concurrency"] == c} == {"autoopt", "aiperf"}]:
-        per = {t: summary([r["output_tok_per_s"] for r in rows if r["tool"] == t and r["concurrency"] == c])
-               for t in ("autoopt", "aiperf")}
+        mine = [r for r in rows if r["concurrency"] == c]
+        per = {t: summary([r["output_tok_per_s"] for r in mine if r["tool"] == t]) for t in ("autoopt", "aiperf")}
         ratio = per["autoopt"]["median"] / per["aiperf"]["median"]
         per |= {"ratio_autoopt_over_aiperf": ratio, "agree_within_10pct": abs(ratio - 1) <= AGREE_WITHIN,
                 "paired_ratio": paired_ratios(rows, c)}
         for key in ("generator_cpu_s", "server_s_per_request"):  # why they differ, where they do
-            per[key] = {t: statistics.median(r[key] for r in rows if r["tool"] == t and r["concurrency"] == c)
-                        for t in ("autoopt", "aiperf")}
+            per[key] = {t: statistics.median(r[key] for r in mine if r["tool"] == t) for t in ("autoopt", "aiperf")}
         table[str(c)] = per
+    return table
+
+
+def print_table(table: dict[str, Any]) -> None:
+    print(f"\n{'C':>3} {'autoopt tok/s':>26} {'AIPerf tok/s':>26} {'ratio':>7}  agree")
+    for c, per in table.items():
         cell = {t: f"{per[t]['median']:.1f} [{per[t]['min']:.1f}, {per[t]['max']:.1f}]" for t in ("autoopt", "aiperf")}
-        pr = per["paired_ratio"]
-        say(f"{c:>3} {cell['autoopt']:>26} {cell['aiperf']:>26} {ratio:7.3f}  "
+        pr, cpu, req = per["paired_ratio"], per["generator_cpu_s"], per["server_s_per_request"]
+        print(f"{c:>3} {cell['autoopt']:>26} {cell['aiperf']:>26} {per['ratio_autoopt_over_aiperf']:7.3f}  "
               f"paired {pr['median']:.3f} [{pr['min']:.3f}, {pr['max']:.3f}]  "
-              f"{'yes' if per['agree_within_10pct'] else 'NO'}   generator CPU s {per['generator_cpu_s']['autoopt']:.2f}"
-              f" vs {per['generator_cpu_s']['aiperf']:.2f}; request s {per['server_s_per_request']['autoopt']:.3f}"
-              f" vs {per['server_s_per_request']['aiperf']:.3f}")
-    versions = {"transformers": transformers.__version__,
+              f"{'yes' if per['agree_within_10pct'] else 'NO'}   generator CPU s {cpu['autoopt']:.2f} vs "
+              f"{cpu['aiperf']:.2f}; request s {req['autoopt']:.3f} vs {req['aiperf']:.3f}")
+
+
+def write_result(rows: list[dict[str, Any]], args: argparse.Namespace, cs: list[int], meta: dict[str, Any],
+                 load_before: tuple) -> dict[str, Any]:
+    """The JSON, rewritten after every run (a call cut short keeps its figures); returns its summary."""
+    table = summarise(rows, cs)
+    versions = {"transformers": meta["transformers"],
                 "aiperf": next((r.get("aiperf_version") for r in rows if r.get("aiperf_version")), None)}
-    doc = {"benchmark": "bench_serve_agreement", "meta": machine_meta() | {"versions": versions},
+    doc = {"benchmark": "bench_serve_agreement", "meta": meta["machine"] | {"versions": versions},
            "workload": {"prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
                         "requests": args.requests, "repeats": args.repeats, "order": "A B B A interleaved",
                         "generator_warmup_requests": args.generator_warmup,
@@ -237,8 +247,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, cs: list[int], 
            "summary": table, "runs": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    say(f"wrote {args.out}")
-
+    return table
 
 if __name__ == "__main__":
     main()
