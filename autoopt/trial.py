@@ -103,6 +103,7 @@ class CostEstimate:
     changed: tuple[str, ...] = ()
     cached: bool = False  # the target has these kernels compiled already
     known_s: float | None = None  # the target's own figure for the transition, when it knows one
+    redone: tuple[str, ...] = ()  # parameters whose build work is redone though they keep their value
 
     @property
     def total_s(self) -> float:
@@ -118,7 +119,8 @@ class CostEstimate:
     def to_json(self) -> dict[str, JSONable]:
         return {"transition_s": self.transition_s, "measure_s": self.measure_s,
                 "restart_class": str(RestartClass(self.restart_class).value),
-                "changed": list(self.changed), "cached": self.cached, "known_s": self.known_s}
+                "changed": list(self.changed), "cached": self.cached, "known_s": self.known_s,
+                "redone": list(self.redone)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any] | None) -> "CostEstimate | None":
@@ -126,7 +128,7 @@ class CostEstimate:
             return None
         return cls(float(d["transition_s"]), float(d.get("measure_s") or 0.0),
                    str(d.get("restart_class") or "none"), tuple(d.get("changed") or ()),
-                   bool(d.get("cached", False)), _num(d.get("known_s")))
+                   bool(d.get("cached", False)), _num(d.get("known_s")), tuple(d.get("redone") or ()))
 
 
 _DECISION_FIELDS = ("parent", "profile", "confirms", "rerun_of", "expected_cost", "notes")

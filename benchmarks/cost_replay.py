@@ -18,7 +18,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
@@ -29,36 +28,43 @@ from autoopt.search.loop import outcome_from_record  # noqa: E402
 from autoopt.search.resume import interrupted  # noqa: E402
 from autoopt.search.run_types import transition_within  # noqa: E402
 from autoopt.store.reading import open_for_reading  # noqa: E402
+from autoopt.targets.builtin.target import BuiltinTarget  # noqa: E402
+from autoopt.targets.builtin.transitions import WorkerCaches, transition_facts  # noqa: E402
 from autoopt.targets.declared import load_declared  # noqa: E402
 
 
 WORKER_DIES = ("crash", "hang", "cuda")  # autoopt.targets.builtin.worker.classify: the fatal kinds
 
 
-def replay(records: list, space) -> list[dict]:
+def replay(records: list, space, target: BuiltinTarget) -> list[dict]:
+    """Each trial's predicted and actual transition seconds. The target's facts are derived again
+    from the configurations (autoopt.targets.builtin.transitions, as the live target reported them
+    with this tree's code), with a worker's caches followed as the runs' trials filled them."""
     costs = CostModel(space)
-    built, run, rows, survived = None, None, [], False
+    built, run, rows, alive, caches = None, None, [], False, WorkerCaches()
     for rec in records:
         t = outcome_from_record(rec)
-        if rec.run_id != run:
-            built, run, survived = None, rec.run_id, False  # a new run starts a fresh worker
-        stored = t.decision.expected_cost if t.decision is not None else None
-        # the builtin target's own fact: after a failure its worker survived (any kind but a crash,
-        # hang or CUDA fault) a live worker that has built before holds an unknown state ("rebuild",
-        # cached); else a new one starts
-        live = built is None and survived
-        facts = SimpleNamespace(cached=live or bool(stored and stored.cached),
-                                known_s=stored.known_s if stored else None,
-                                restart_class="rebuild" if live else (stored.restart_class if stored else "restart"))
+        if rec.run_id != run:  # a new run starts a fresh worker
+            built, run, alive = None, rec.run_id, False
+            caches.clear()
+        to = target.normalize(space.params_to_config(t.params))
+        facts = transition_facts(target.normalize(space.params_to_config(built)) if built else None,
+                                 to, caches, alive)
         est = costs.estimate(built, t.params, facts)
+        stored = t.decision.expected_cost if t.decision is not None else None
         if t.result.state in ("ok", "wrong"):
             rows.append({"number": rec.number, "run": rec.run_id, "actual_s": t.result.transition_s,
-                         "predicted_s": est.transition_s,
+                         "predicted_s": est.transition_s, "restart_class": est.restart_class,
+                         "redone": list(est.redone), "cached": est.cached,
                          "stored_s": stored.transition_s if stored else None, "fresh": built is None})
+            caches.remember(to)
         costs.observe(built, t.params, t.result, est)
         built = dict(t.params) if t.result.ok else None
-        # (a run's first trial, the baseline, built something before any later failure)
-        survived = not t.result.ok and (rec.failure is None or rec.failure.kind not in WORKER_DIES)
+        # the builtin target's worker survives a failure of any kind but a crash, hang or CUDA fault
+        alive = t.result.state in ("ok", "wrong") or (rec.failure is not None
+                                                       and rec.failure.kind not in WORKER_DIES)
+        if not alive:
+            caches.clear()
     return rows
 
 
@@ -67,12 +73,13 @@ def main() -> None:
     ap.add_argument("--db", required=True)
     ap.add_argument("--study", required=True)
     ap.add_argument("--space", default="dsv4_flash_decode")
+    ap.add_argument("--preset", default="flash-slice", help="the builtin target's preset the study ran")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "cost_replay.json")
     args = ap.parse_args()
     with open_for_reading(args.db) as store:
         records = [r for r in store.trials(args.study, ("ok", "wrong", "failed"), with_samples=False)
                    if not interrupted(r)]
-    rows = replay(records, load_declared(args.space))
+    rows = replay(records, load_declared(args.space), BuiltinTarget(args.preset, "cuda"))
     summary = {}
     print(f"{'run':>4} {'trials':>7} {'this tree within 50%':>22} {'as the run predicted':>22}")
     for run in sorted({r["run"] for r in rows}):

@@ -10,11 +10,19 @@ same measurement code the worker uses (autoopt.targets.builtin.measure.measure_r
 
 The JSON result is rewritten after every configuration, so a run cut short still leaves its figures.
 The table is printed last.
+
+--passes N measures the rows N times in one process, every other pass in reverse order (A B, B A,
+...): rows measured later in a process read slower (the live check's re-measure of 2026-12-02 put one
+configuration at 385.7 tok/s at C=1 as a second row and at 446.7 as a first), so a comparison of two
+rows needs both orders. It prints each row's weighted mix (--weights, the flash space's objective by
+default) per pass, their median, and that median over the first row's.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 import time
 import traceback
@@ -216,6 +224,10 @@ def main() -> None:
     ap.add_argument("--compile-warmup-s", type=float, default=400.0,
                     help="torch.compile row: most seconds of warm-up (compiling) per concurrency")
     ap.add_argument("--traces", default=None, help="directory: save the profiler traces per config")
+    ap.add_argument("--passes", type=int, default=1, help="measure the rows this many times, "
+                    "alternating their order (see above)")
+    ap.add_argument("--weights", default="1:0.2,16:0.3,64:0.5",
+                    help="C:weight,... of the weighted geometric mix the passes summary reports")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "h200_decode.json"))
     args = ap.parse_args()
 
@@ -248,23 +260,9 @@ def main() -> None:
               "shape_overrides": shape, "concurrency": conc, "profile_concurrency": profile_c,
               "configs": {}}
     base = None
-    for item in todo:
-        label, knobs = item[0], item[1]
-        overrides = list(item[2]) if len(item) > 2 else []
-        t0 = time.perf_counter()
-        print(f"[h200_decode] {label} ...", flush=True)
-        doc = _measure(state, args.preset, shape, knobs, overrides, conc, profile_c, args.samples)
-        doc["label"] = label
-        doc["bench_wall_s"] = time.perf_counter() - t0
-        result["configs"][label] = doc
-        if label == "start":
-            base = doc
-        if args.traces and label in TRACE_LABELS and doc.get("status") != "failed":
-            for c in sorted({profile_c, 1} & set(conc)):
-                _save_trace(state, c, Path(args.traces) / f"h200_{TRACE_LABELS[label]}_c{c}.json.gz",
-                            args.device)
-        print("   " + _row(label, doc, base, conc), flush=True)
-        write_result(args.out, result)
+    for n in range(args.passes):
+        for item in (todo if n % 2 == 0 else todo[::-1]):
+            base = _measure_row(state, item, args, shape, conc, profile_c, result, base, n)
     if not args.no_compile:
         label = f"torch.compile({args.compile_mode}) of start"
         print(f"[h200_decode] {label} ...", flush=True)
@@ -288,7 +286,66 @@ def main() -> None:
     print("\n" + hdr)
     for label, doc in result["configs"].items():
         print(_row(label, doc, base, conc))
+    if args.passes > 1:
+        _print_passes(result, _weights(args.weights))
+        write_result(args.out, result)
     print(f"\nwrote {args.out}")
+
+
+def _measure_row(state: Any, item: tuple, args: Any, shape: dict[str, Any], conc: list[int],
+                 profile_c: int, result: dict[str, Any], base: dict[str, Any] | None,
+                 n_pass: int) -> dict[str, Any] | None:
+    """Measure one row (its first pass is the row of the table, every pass is kept under
+    result["passes"]); returns the start row once measured."""
+    label, knobs = item[0], item[1]
+    overrides = list(item[2]) if len(item) > 2 else []
+    t0 = time.perf_counter()
+    print(f"[h200_decode] {label} (pass {n_pass + 1}) ...", flush=True)
+    doc = _measure(state, args.preset, shape, knobs, overrides, conc, profile_c, args.samples)
+    doc["label"] = label
+    doc["bench_wall_s"] = time.perf_counter() - t0
+    result.setdefault("passes", {}).setdefault(label, []).append(
+        {"pass": n_pass + 1, "status": doc.get("status"), "bench_wall_s": doc["bench_wall_s"],
+         "tok_per_s": {c: tp.get("median") for c, tp in (doc.get("tok_per_s") or {}).items()}})
+    if n_pass == 0:
+        result["configs"][label] = doc
+        if label == "start":
+            base = doc
+        if args.traces and label in TRACE_LABELS and doc.get("status") != "failed":
+            for c in sorted({profile_c, 1} & set(conc)):
+                _save_trace(state, c, Path(args.traces) / f"h200_{TRACE_LABELS[label]}_c{c}.json.gz",
+                            args.device)
+    print("   " + _row(label, doc, base, conc), flush=True)
+    write_result(args.out, result)
+    return base
+
+
+def _weights(spec: str) -> dict[str, float]:
+    return {c.strip(): float(w) for c, w in (part.split(":") for part in spec.split(",") if part.strip())}
+
+
+def _mix(tok_per_s: dict[str, float | None], weights: dict[str, float]) -> float | None:
+    """Weighted geometric mean of tok/s over the weighted concurrencies (None if one is missing)."""
+    if any(not tok_per_s.get(c) for c in weights):
+        return None
+    total = sum(weights.values())
+    return math.exp(sum(w * math.log(tok_per_s[c]) for c, w in weights.items()) / total)
+
+
+def _print_passes(result: dict[str, Any], weights: dict[str, float]) -> None:
+    """Each row's mix per pass, the median, and the median over the first row's."""
+    first = None
+    print(f"\n{'configuration':38s} mix per pass (tok/s)            median   / first row")
+    for label, passes in result["passes"].items():
+        mixes = [_mix(p["tok_per_s"], weights) for p in passes]
+        ok = [m for m in mixes if m is not None]
+        med = statistics.median(ok) if ok else None
+        first = med if first is None else first
+        ratio = f"{med / first:6.3f}" if med and first else "     -"
+        cells = " ".join(f"{m:7.1f}" if m else "      -" for m in mixes)
+        result.setdefault("passes_summary", {})[label] = {"mix": mixes, "median_mix": med,
+                                                          "over_first_row": med / first if med and first else None}
+        print(f"{label[:38]:38s} {cells:32s} {med or 0:7.1f}   {ratio}")
 
 
 if __name__ == "__main__":

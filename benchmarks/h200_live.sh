@@ -11,6 +11,11 @@
 # Send each next call at once: a machine idle for 30 s is handed back, and the run in flight with it
 # (a session lost run 1 that way while editing between calls).
 #   bash benchmarks/h200_live.sh finish    # until the run in flight ends; export; no resume
+# `table` first follows the run in flight to its end (and exports it), so `start` then `table` is the
+# from-empty check without its resume in two calls (a machine handed back between calls takes the
+# study with it).
+# The table measures each row twice in one process, in both orders (h200_decode.py --passes 2: a
+# row measured later in a process reads slower), and reports each mix over the hand-tuned row's.
 # Every stage copies what exists so far into $OUT as one live.tgz (the device returns at most 8 files).
 # The code that runs is the tree of the first call, copied to $LIVE/src: later calls re-send the
 # working tree, and a run in flight must not have its modules replaced under it.
@@ -66,11 +71,11 @@ case "${1:-}" in
   finish)  # until the run in flight ends, then its export; no resume
     follow || exit 1 ;;
   table)
-    follow || exit 1
+    follow || { collect; exit 1; }
     bests=(); for f in "$LIVE"/config2.yaml "$LIVE"/config1.yaml; do [ -f "$f" ] && bests+=(--best "$f"); done
-    timeout ${DECODE_S:-420} python3 benchmarks/h200_decode.py --no-compile --samples 10 \
+    timeout ${DECODE_S:-420} python3 benchmarks/h200_decode.py --no-compile --samples 10 --passes 2 \
         --only "$HAND_TUNED" "${bests[@]}" --out "$LIVE/h200_decode.json" \
-        > "$LIVE/decode.log" 2>&1; tail -8 "$LIVE/decode.log" ;;
+        > "$LIVE/decode.log" 2>&1; tail -12 "$LIVE/decode.log" ;;
   *) echo "usage: $0 start|wait|finish|table"; exit 2 ;;
 esac
 collect

@@ -128,6 +128,28 @@ def test_failure_odds_discount_a_candidate(case):
     assert ranked[tuple(bad)].rate < ranked[tuple(ok)].rate
 
 
+def test_a_likely_failure_is_charged_its_transition_not_its_measurement(case):
+    # a crash, a compile error or a wrong answer ends the trial before the timing: a configuration
+    # that fails half the time costs half its measurement (on a Kernel Tuner landscape where half the
+    # space fails and measuring is 80% of a trial, charging it in full kept the agent on one- and
+    # two-knob moves of the baseline while TPE's broad samples got within 1% in half the time)
+    target, view = case
+    ch, gp, costs = _chooser(view, target)
+    gp.fit(view.base_code[None, :], np.zeros(1), np.full(1, 0.01))
+    for extra in ({}, {"moe_experts": "grouped"}, {"glue": "compile"}):
+        ch.failures.add(code(view, indexer_gemm="fp8", **extra), failed=True)
+    for good in ({"attention": "mma"}, {"glue": "compile"}, {"moe_experts": "grouped"}):
+        ch.failures.add(code(view, **good), failed=False)
+    # a runtime switch of the running build: its rate is its own (no build to batch siblings into)
+    risky = ch.rank([Candidate(code(view, indexer_gemm="fp8"), "n")], view.base_code,
+                    0.0, view.base_code, lambda c: None, set(), costs)[0]
+    pf, cost = risky.p_fail, risky.cost
+    assert 0.5 < pf < 1.0 and cost.measure_s > 0
+    charged = cost.transition_s + (1 - pf) * cost.measure_s + pf * costs.fresh_start_s()
+    assert charged < cost.total_s + pf * costs.fresh_start_s()
+    assert risky.rate == pytest.approx(risky.worth * (1 - pf) / max(charged, 1.0), rel=1e-9)
+
+
 def test_a_build_is_worth_more_with_cheap_runtime_variants_to_try_in_it(case):
     target, view = case
     ch, gp, costs = _chooser(view, target)

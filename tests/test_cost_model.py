@@ -160,6 +160,48 @@ def test_a_worker_that_survived_a_failure_is_not_a_fresh_start_once_seen(space):
     assert cm.estimate(None, base, warm).transition_s == pytest.approx(4.0)
     for other in (fresh, dead):  # a worker that never built, or a new one: a fresh start
         e = cm.estimate(None, base, other)
-        assert e.transition_s == pytest.approx(fresh_s) and not e.cached
+        assert e.transition_s == pytest.approx(cm.start_s()) and not e.cached
     cm.observe(None, base, took(90.0, 20.0), cm.estimate(None, base, fresh))  # not a warm relaunch
     assert cm.relaunch_obs == [4.0]
+
+
+def test_a_fresh_start_costs_the_start_plus_what_it_builds_beyond_the_baseline(space):
+    """Not the space's dearest knob: the baseline only pays the start (on the live H200 the first
+    trial was predicted at the step compile's 150 s and took 15-19 s); a configuration that sets a
+    compiled knob away from the baseline pays that compile on top; a restart-class knob's own
+    restart is the start itself, not a second one. The start is learned from fresh baselines."""
+    cm = CostModel(space)
+    base = space.baseline_params()
+    start = cm.start_s()
+    assert start == pytest.approx((space.apply_cost_s or {}).get("restart", 0.0))
+    assert start < cm.fresh_start_s()  # the space's dearest knob, the failure penalty
+    assert cm.estimate(None, base).transition_s == pytest.approx(start)
+    glue = params(space, glue="compile")  # a rebuild-class knob inside the started worker
+    assert cm.estimate(None, glue).transition_s == pytest.approx(start + cm.estimate(base, glue).transition_s)
+    graphs = params(space, cuda_graphs="on")  # restart class: its switch is a whole start
+    assert cm.estimate(None, graphs).transition_s == pytest.approx(
+        max(start, cm.estimate(base, graphs).transition_s))
+    cm.observe(None, base, took(17.0, 5.0), cm.estimate(None, base))
+    cm.observe(None, glue, took(500.0, 5.0), cm.estimate(None, glue))  # built more: not a start
+    assert cm.start_obs == [17.0] and cm.estimate(None, base).transition_s == pytest.approx(17.0)
+
+
+def test_work_a_switch_redoes_is_charged_and_learned_apart(space):
+    """A runtime switch under a compiled step re-traces it (`redone`): not free, and not the cold
+    compile once a re-trace has been timed; what the re-trace took is not the runtime knob's own
+    seconds. Without the redo the same switch stays free."""
+    cm = CostModel(space)
+    glue = params(space, glue="compile")
+    moved = {**glue, "moe_experts": "grouped"}
+    plain = cm.estimate(glue, moved)
+    assert plain.transition_s == 0 and plain.redone == ()
+    retrace = Transition("rebuild", ("moe_experts",), redone=("glue",))
+    first = cm.estimate(glue, moved, retrace)
+    cold_glue = cm.estimate(space.baseline_params(), glue).transition_s
+    assert cold_glue > 0 and first.redone == ("glue",) and first.transition_s == pytest.approx(cold_glue)
+    assert first.restart_class == "recompile" and first.changed == ("moe_experts",)  # glue's class
+    cm.observe(glue, moved, took(8.0, 5.0), first)
+    cm.observe(moved, glue, took(12.0, 5.0), cm.estimate(moved, glue, retrace))
+    assert cm.estimate(glue, moved, retrace).transition_s == pytest.approx(10.0)
+    assert cm.estimate(glue, moved).transition_s == 0  # the runtime knob learned nothing from it
+    assert cm.estimate(glue, glue, retrace).transition_s == 0  # nothing changes: nothing redone

@@ -16,12 +16,19 @@ Transition seconds, best source first:
      parameter is its cold figure times the warm/cold ratio learned on other parameters (at first
      WARM_FRACTION);
   3. the space file's priors (a knob's `prior.apply_cost_s`, else `priors.apply_cost_s[class]`).
-Nothing changed: free. Nothing built (the first trial, or after a failure): a fresh start — unless
-the target says a process that has built before lives on (a failure its worker survived: the
-Transition is "rebuild" and `cached`). What it holds is unknown but its caches are warm: the seconds
-are learned from such trials (`relaunch_obs`); before the first, the dearest knob's warm switch. (On the live H200
-every trial after a failure was predicted at the cold step compile, 2 min 30 s, and took 1-24 s; the
-run stopped itself with 4 minutes left.)
+A switch may redo a knob's build work though that knob keeps its value (`Transition.redone`: under
+step_compile every new configuration re-traces the step, under CUDA graphs every switch captures
+again): its seconds are learned apart (`redo_obs`), before the first the knob's cold seconds.
+Nothing changed: free. Nothing built (the first trial, or after a crash): a fresh start, which costs
+a worker's start (learned from fresh starts of configurations that build nothing beyond the
+baseline, else the space's restart prior) plus the dearest compile of the knobs the configuration
+sets away from the baseline; a restart-class knob's own restart is one start, not a second (on the
+live H200 the first trial, the baseline, was predicted at the step compile's 150 s, the space's
+dearest knob, and took 15-19 s). After a failure its worker survived (the target's Transition is
+"rebuild" and `cached`: a process that has built before lives on) what it holds is unknown but its
+caches are warm: the seconds are learned from such trials (`relaunch_obs`); before the first, the
+dearest knob's warm switch. (On the live H200 every trial after a failure was predicted at the cold
+step compile, 2 min 30 s, and took 1-24 s; the run stopped itself with 4 minutes left.)
 Measurement seconds: the median of what successful measurements cost so far.
 """
 from __future__ import annotations
@@ -38,8 +45,10 @@ WARM_FRACTION = 0.25  # a cached switch's share of its cold seconds until runs s
 @dataclass(frozen=True)
 class ParamCost:
     name: str
+    knob: str  # the target's knob the parameter sets (per layer class, or the global knob itself)
     restart_class: RestartClass  # the dearest switch of this parameter, as the space declares it
     prior_s: float  # what the space file says switching it costs
+    own_prior: bool = False  # the knob's own figure (`prior.apply_cost_s`), not its class's default
 
 
 def param_costs(space: Any) -> list[ParamCost]:
@@ -51,7 +60,8 @@ def param_costs(space: Any) -> list[ParamCost]:
         knob = knobs.get(p.knob)
         cls = RestartClass(knob.restart_class if knob is not None else space.restart_class_of(p.name))
         own = getattr(knob, "prior_apply_cost_s", None)
-        out.append(ParamCost(p.name, cls, float(own if own is not None else apply_cost.get(cls.value, 0.0))))
+        out.append(ParamCost(p.name, p.knob, cls, float(own if own is not None else apply_cost.get(cls.value, 0.0)),
+                             own_prior=own is not None))
     return out
 
 
@@ -65,6 +75,10 @@ class CostModel:
         self.known_ratio: dict[str, list[float]] = {}  # measured / the target's known figure, per class
         self.measure_obs: list[float] = []
         self.relaunch_obs: list[float] = []  # transitions from nothing known into a live process
+        self.redo_obs: dict[int, list[float]] = {}  # parameter index -> seconds of redoing its build
+        self.start_obs: list[float] = []  # fresh starts that built nothing beyond the baseline
+        self.baseline = dict(space.baseline_params()) if hasattr(space, "baseline_params") else {}
+        self.restart_prior_s = float((getattr(space, "apply_cost_s", {}) or {}).get("restart", 0.0))
         self.dearest_seen_s = 0.0  # the dearest transition of a successful trial, fresh starts included
 
     # ---- learning --------------------------------------------------------------------------------
@@ -79,18 +93,23 @@ class CostModel:
         if built is None:  # says nothing about switching one parameter
             if result.ok and estimate is not None and _warm_relaunch(estimate):
                 self.relaunch_obs.append(result.transition_s)
+            elif result.ok and (estimate is None or estimate.known_s is None) and not self._beyond_baseline(params):
+                self.start_obs.append(result.transition_s)
             return
         changed = self._changed(built, params)
+        redone = self._redone(estimate)
         if not changed:
             return
-        cls = self._class_of(changed).value
+        cls = self._class_of(changed).value  # the redone work is learned apart (redo_obs)
         seconds = result.transition_s
         self.class_obs.setdefault(cls, []).append(seconds)
         known = estimate.known_s if estimate is not None else None
         if known is not None and known > 0.5:
             self.known_ratio.setdefault(cls, []).append(seconds / known)
         cached = estimate is not None and estimate.cached
-        if cached or len(changed) == 1:
+        if redone and max(map(self._redo_s, redone)) >= max(self._param_s(i, cached) for i in changed):
+            self.redo_obs.setdefault(max(redone, key=self._redo_s), []).append(seconds)
+        elif cached or len(changed) == 1:
             dearest = max(changed, key=lambda i: self._param_s(i, cached))
             (self.warm_obs if cached else self.param_obs).setdefault(dearest, []).append(seconds)
 
@@ -107,6 +126,7 @@ class CostModel:
         """Cost of evaluating `params` with `built` running now (None: nothing runs: a fresh start);
         `transition` is the target's Transition for it, when asked."""
         changed = list(range(len(self.params))) if built is None else self._changed(built, params)
+        redone = [] if built is None else self._redone(transition)
         cls = RestartClass.RESTART if built is None else self._class_of(changed)
         known = getattr(transition, "known_s", None)
         live = built is None and transition is not None and _warm_relaunch(transition)
@@ -119,15 +139,20 @@ class CostModel:
             seconds = known * (statistics.median(ratios) if ratios else 1.0)
         elif known is not None and not observed:
             seconds = known  # the target says (nearly) free and nothing contradicts it yet
-        elif live and self.relaunch_obs:
-            seconds = statistics.median(self.relaunch_obs)
+        elif live:
+            seconds = (statistics.median(self.relaunch_obs) if self.relaunch_obs
+                       else max((self._param_s(i, True) for i in changed), default=0.0))
+        elif built is None:
+            seconds = self._fresh_s(params)
         else:
-            seconds = max((self._param_s(i, cached) for i in changed), default=0.0)
+            seconds = max([self._param_s(i, cached) for i in changed] + [self._redo_s(i) for i in redone],
+                          default=0.0)
         if built is not None and not changed:
-            seconds = 0.0
+            seconds, redone = 0.0, []
+        shown = cls if built is None or live else self._class_of(changed + redone)
         return CostEstimate(transition_s=max(0.0, seconds), measure_s=self.measure_s(),
-                            restart_class=cls.value, changed=tuple(self.params[i].name for i in changed),
-                            cached=cached, known_s=known)
+                            restart_class=shown.value, changed=tuple(self.params[i].name for i in changed),
+                            cached=cached, known_s=known, redone=tuple(self.params[i].name for i in redone))
 
     def confirm_reserve_s(self) -> float:
         """What re-measuring the best may need: the dearest transition seen, then one measurement."""
@@ -136,6 +161,33 @@ class CostModel:
     # ---- helpers ---------------------------------------------------------------------------------
     def _changed(self, built: Mapping[str, Any], params: Mapping[str, Any]) -> list[int]:
         return [i for i, p in enumerate(self.params) if built.get(p.name) != params.get(p.name)]
+
+    def _redone(self, facts: Any) -> list[int]:
+        """Indices of the parameters whose build a transition (or its stored estimate) redoes: a
+        Transition names knobs, an estimate parameters; a global knob is its one parameter."""
+        names = set(getattr(facts, "redone", ()) or ())
+        return [i for i, p in enumerate(self.params) if p.name in names or p.knob in names]
+
+    def _beyond_baseline(self, params: Mapping[str, Any]) -> list[int]:
+        return [i for i, p in enumerate(self.params) if params.get(p.name) != self.baseline.get(p.name)]
+
+    def start_s(self) -> float:
+        """A new worker's start with the baseline built."""
+        return statistics.median(self.start_obs) if self.start_obs else self.restart_prior_s
+
+    def _fresh_s(self, params: Mapping[str, Any]) -> float:
+        """A fresh start building `params`: the start, plus the dearest compile inside it of what differs
+        from the baseline; a restart-class knob's seconds already are a whole start."""
+        beyond = self._beyond_baseline(params)
+        restart = RestartClass.RESTART
+        inside = max((self._cold_s(i) for i in beyond if self.params[i].restart_class != restart), default=0.0)
+        restarts = max((self._cold_s(i) for i in beyond if self.params[i].restart_class == restart), default=0.0)
+        return max(self.start_s() + inside, restarts)
+
+    def _redo_s(self, i: int) -> float:
+        """Seconds redoing parameter i's build (a re-trace, a new capture): learned, else its cold switch."""
+        seen = self.redo_obs.get(i)
+        return statistics.median(seen) if seen else self._cold_s(i)
 
     def _class_of(self, changed: list[int]) -> RestartClass:
         return RestartClass.dearest(self.params[i].restart_class for i in changed)
@@ -151,9 +203,11 @@ class CostModel:
         seen = self.param_obs.get(i)
         if seen:
             return statistics.median(seen)
+        # a knob's own prior is a claim about that knob; its class's default yields to what this run
+        # measured for the class (on the H200 Triton compiles took 5-13 s against the default 20 s)
         cls_seen = self.class_obs.get(self.params[i].restart_class.value)
-        prior = self.params[i].prior_s
-        return prior if prior > 0 or not cls_seen else statistics.median(cls_seen)
+        p = self.params[i]
+        return p.prior_s if p.own_prior or not cls_seen else statistics.median(cls_seen)
 
     def warm_fraction(self) -> float:
         """Warm over cold seconds, from the parameters measured both ways (WARM_FRACTION before)."""

@@ -18,6 +18,9 @@ class Transition:
     changed_knobs: tuple[str, ...] = ()
     cached: bool = False  # these kernels were compiled before in the live worker
     known_s: float | None = None  # seconds the switch is known to take (a recorded table); None: unknown
+    # knobs whose build work the switch redoes though their value stays (a re-trace of the compiled
+    # step, a new CUDA graph capture): the cost model charges their redo seconds, learned apart
+    redone: tuple[str, ...] = ()
 
 
 @dataclass

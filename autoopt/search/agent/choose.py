@@ -81,8 +81,7 @@ class Chooser:
             cost = costs.estimate(built_params, self.view.decode(c.code), transition_of(c.code))
             pf = float(p_fail[i])
             worth = float(np.expm1(ei[i]))
-            # a failure also leaves nothing running: the trial after it pays a fresh start
-            rate = worth * (1.0 - pf) / max(cost.total_s + pf * fresh_s, 1.0)
+            rate = worth * (1.0 - pf) / max(expected_s(cost, pf, fresh_s), 1.0)
             scored.append(Scored(cand=c, label=self.view.describe(c.code, incumbent),
                                  gain=float(np.expm1(mu[i] - f_best)), gain_sd=float(sd[i]), worth=worth,
                                  p_fail=pf, cost=cost, rate=rate, mu=float(mu[i])))
@@ -143,6 +142,13 @@ class Chooser:
                 if rate > best_rate:
                     best_rate, best_k = rate, k
             s.rate, s.batch = best_rate, best_k
+
+
+def expected_s(cost: CostEstimate, p_fail: float, fresh_s: float) -> float:
+    """What trying a configuration costs on average: its transition, its measurement only if it
+    runs (a crash, a compile error or a wrong answer ends the trial before any timing), and after a
+    failure the fresh start the next trial pays (nothing is left running)."""
+    return cost.transition_s + (1.0 - p_fail) * cost.measure_s + p_fail * fresh_s
 
 
 def _runtime_siblings(view: SpaceView, code: np.ndarray) -> list[np.ndarray]:

@@ -5,10 +5,11 @@ the worker, where the measurements happen. A worker failure (crash, hang, OOM, C
 failed Measurement and the next evaluate starts a fresh worker, its start time recorded as the
 restart cost of that trial.
 
-Transitions: switching knobs of restart class "none" is free in a live worker; "recompile" is free
-when that combination of recompile-class values was compiled before in this worker (`cached`); a
-change of model shape (preset / shape overrides) needs a new worker. The target reports these facts
-only: what a switch will take in seconds is the cost model's estimate (autoopt.search.cost), learned
+Transitions (autoopt.targets.builtin.transitions): switching knobs of restart class "none" is free
+in a live worker but for what it redoes (a re-trace of a compiled step, a CUDA graph capture);
+"recompile" is cheap when that combination of recompile-class values was compiled before in this
+worker (`cached`); a change of model shape (preset / shape overrides) needs a new worker. The target
+reports these facts only: what a switch will take in seconds is the cost model's estimate (autoopt.search.cost), learned
 from the phases each measurement reports (restart / build / compile).
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from autoopt.targets.base import EvalRequest, KnobSpec, Transition
 from autoopt.trial import RestartClass
 from autoopt.targets.builtin import declared, processes as two
 from autoopt.targets.builtin.client import WorkerClient, WorkerFailure
+from autoopt.targets.builtin.transitions import WorkerCaches, transition_facts
 
 
 _MAY_BE_ZERO = ("n_window_layers", "n_shared_experts", "n_hash_layers", "seed")  # counts that may be none
@@ -88,7 +90,7 @@ class BuiltinTarget:
         self._client: WorkerClient | None = None
         self._described: dict[str, Any] | None = None
         self._built: dict[str, Any] | None = None  # normalized config last applied in the live worker
-        self._compiled: set[tuple] = set()  # recompile-class values compiled in the live worker
+        self._caches = WorkerCaches()  # what the live worker compiled and traced
         self.workers_started = 0
         self.processes = processes  # worker processes each configuration is measured in (evaluate)
         self._twin: BuiltinTarget | None = None  # the second process's target, once asked for
@@ -144,7 +146,7 @@ class BuiltinTarget:
             self._client._reap()
         self._client = None
         self._built = None
-        self._compiled = set()
+        self._caches = WorkerCaches()
 
     def describe(self) -> dict[str, Any]:
         """Capabilities, device info and fingerprint, asked once of a worker."""
@@ -202,34 +204,9 @@ class BuiltinTarget:
         out["layer_overrides"] = lo
         return out
 
-    @staticmethod
-    def _effective(config: dict[str, Any], name: str) -> tuple:
-        """A knob's global value plus its per-layer overrides (later entries win), comparable."""
-        per_layer = {}
-        for layer, knob, value in config.get("layer_overrides", []):
-            if knob == name:
-                per_layer[layer] = value
-        return (config[name], tuple(sorted(per_layer.items())))
-
-    def _compile_key(self, config: dict[str, Any]) -> tuple:
-        from dsv4.knobs import KNOBS
-
-        return tuple(self._effective(config, k.name) for k in KNOBS if k.restart_class == "recompile")
-
     def transition(self, to_config: dict[str, Any]) -> Transition:
-        from dsv4.knobs import KNOB_BY_NAME
-
-        to = self.normalize(to_config)
-        everything = tuple(k for k in to if k != "layer_overrides")
-        if self._client is None or not self._client.alive:
-            return Transition(RestartClass.RESTART.value, everything)
-        if self._built is None:  # a live worker with nothing trusted in it (fresh, or after a failure)
-            # cached: it has built before, so its in-process caches (Dynamo, Triton) are warm
-            return Transition(RestartClass.REBUILD.value, everything, cached=bool(self._compiled))
-        changed = tuple(k for k in KNOB_BY_NAME if self._effective(self._built, k) != self._effective(to, k))
-        cls = RestartClass.dearest(KNOB_BY_NAME[k].restart_class for k in changed)
-        cached = cls is RestartClass.RECOMPILE and self._compile_key(to) in self._compiled
-        return Transition(cls.value, changed, cached)
+        alive = self._client is not None and self._client.alive
+        return transition_facts(self._built, self.normalize(to_config), self._caches, alive)
 
     # ------------------------------------------------------------ evaluate
 
@@ -309,7 +286,7 @@ class BuiltinTarget:
         m.costs_s["restart"] = m.costs_s.get("restart", 0.0) + restart_s
         m.costs_s["total"] = time.perf_counter() - t0
         self._built = config
-        self._compiled.add(self._compile_key(config))
+        self._caches.remember(config)
         m.what_ran.setdefault("worker", f"pid {self._client.pid} on {self.device} "
                               f"(worker #{self.workers_started} of this target)")
         return m

@@ -1,0 +1,99 @@
+"""What switching the builtin target's live worker to another configuration must do again: the
+facts of its Transition (autoopt.targets.base), kept apart from the worker plumbing so that a replay
+of a recorded study (benchmarks/cost_replay.py) derives the same facts the live target reported.
+
+A worker caches three kinds of work, and a switch redoes whichever of them it invalidates:
+  - a recompile-class knob's kernels (Triton specialisations, the glue's torch.compile) compile
+    once per combination of those knobs' values (`compiled`): a combination seen before is `cached`;
+  - under step_compile=inductor Dynamo traces the whole step, so ANY knob that changes the traced
+    code (every knob but cuda_graphs, whose capture wraps the compiled step) makes a new graph. The
+    step_compile knob keeps its value, yet its compile is redone (`redone`), with Inductor's
+    in-process caches warm: on the H200 such re-traces took 3.5-16 s against 108 s for the first
+    step compile (benchmarks/results/h200_live_10m_run3, trials 15-21), while a configuration traced
+    before in this worker is a Dynamo cache hit (`traced`; 0.7-1.1 s there, trials 19 and 22);
+  - under cuda_graphs=on every switch that changes the step captures the graph again (1.1-3.3 s
+    for runtime switches there, trials 3-13, against 2.3 s for turning the graphs on).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoopt.targets.base import Transition
+from autoopt.trial import RestartClass
+
+
+@dataclass
+class WorkerCaches:
+    """What the live worker has built (cleared with the worker)."""
+
+    compiled: set[tuple] = field(default_factory=set)  # recompile-class values compiled
+    traced: set[tuple] = field(default_factory=set)  # configurations whose step Dynamo traced
+
+    def remember(self, config: dict[str, Any]) -> None:
+        """`config` (normalized) was built and measured in this worker."""
+        self.compiled.add(compile_key(config))
+        if step_compiled(config):
+            self.traced.add(trace_key(config))
+
+    def clear(self) -> None:
+        self.compiled.clear()
+        self.traced.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self.compiled)
+
+
+def effective(config: dict[str, Any], name: str) -> tuple:
+    """A knob's global value plus its per-layer overrides (later entries win), comparable."""
+    per_layer = {}
+    for layer, knob, value in config.get("layer_overrides", []):
+        if knob == name:
+            per_layer[layer] = value
+    return (config[name], tuple(sorted(per_layer.items())))
+
+
+def compile_key(config: dict[str, Any]) -> tuple:
+    from dsv4.knobs import KNOBS
+
+    return tuple(effective(config, k.name) for k in KNOBS if k.restart_class == "recompile")
+
+
+def trace_key(config: dict[str, Any]) -> tuple:
+    """Every knob that changes the code Dynamo traces (all but cuda_graphs)."""
+    from dsv4.knobs import KNOBS
+
+    return tuple(effective(config, k.name) for k in KNOBS if k.name != "cuda_graphs")
+
+
+def step_compiled(config: dict[str, Any]) -> bool:
+    return config.get("step_compile", "off") != "off"
+
+
+def transition_facts(built: dict[str, Any] | None, to: dict[str, Any], caches: WorkerCaches,
+                     alive: bool) -> Transition:
+    """The Transition from `built` (normalized; None: nothing trusted runs) to `to` (normalized) in a
+    worker that is `alive` (False: a new one must start) and holds `caches`."""
+    from dsv4.knobs import KNOB_BY_NAME
+
+    everything = tuple(k for k in to if k != "layer_overrides")
+    if not alive:
+        return Transition(RestartClass.RESTART.value, everything)
+    if built is None:  # a live worker with nothing trusted in it (fresh, or after a failure)
+        # cached: it has built before, so its in-process caches (Dynamo, Triton) are warm
+        return Transition(RestartClass.REBUILD.value, everything, cached=bool(caches))
+    changed = tuple(k for k in KNOB_BY_NAME if effective(built, k) != effective(to, k))
+    if not changed:
+        return Transition(RestartClass.NONE.value, ())
+    cls = RestartClass.dearest(KNOB_BY_NAME[k].restart_class for k in changed)
+    # cached: the recompile-class knobs that change have this combination compiled already
+    cached = cls is RestartClass.RECOMPILE and compile_key(to) in caches.compiled
+    redone = []
+    retrace = step_compiled(to) and "step_compile" not in changed and trace_key(to) not in caches.traced
+    if retrace:
+        redone.append("step_compile")
+    if to.get("cuda_graphs") == "on" and "cuda_graphs" not in changed:
+        redone.append("cuda_graphs")
+    for knob in redone:
+        cls = RestartClass.dearest([cls.value, KNOB_BY_NAME[knob].restart_class])
+    return Transition(cls.value, changed, cached, redone=tuple(redone))
