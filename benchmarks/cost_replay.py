@@ -41,15 +41,14 @@ def replay(records: list, space, target: BuiltinTarget) -> list[dict]:
     from the configurations (autoopt.targets.builtin.transitions, as the live target reported them
     with this tree's code), with a worker's caches followed as the runs' trials filled them."""
     costs = CostModel(space)
-    built, run, rows, alive, caches = None, None, [], False, WorkerCaches()
+    built, built_config, run, rows, alive, caches = None, None, None, [], False, WorkerCaches()
     for rec in records:
         t = outcome_from_record(rec)
         if rec.run_id != run:  # a new run starts a fresh worker
             built, run, alive = None, rec.run_id, False
             caches.clear()
         to = target.normalize(space.params_to_config(t.params))
-        facts = transition_facts(target.normalize(space.params_to_config(built)) if built else None,
-                                 to, caches, alive)
+        facts = transition_facts(built_config if built else None, to, caches, alive)
         est = costs.estimate(built, t.params, facts)
         stored = t.decision.expected_cost if t.decision is not None else None
         if t.result.state in ("ok", "wrong"):
@@ -59,7 +58,7 @@ def replay(records: list, space, target: BuiltinTarget) -> list[dict]:
                          "stored_s": stored.transition_s if stored else None, "fresh": built is None})
             caches.remember(to)
         costs.observe(built, t.params, t.result, est)
-        built = dict(t.params) if t.result.ok else None
+        built, built_config = (dict(t.params), to) if t.result.ok else (None, None)
         # the builtin target's worker survives a failure of any kind but a crash, hang or CUDA fault
         alive = t.result.state in ("ok", "wrong") or (rec.failure is not None
                                                        and rec.failure.kind not in WORKER_DIES)

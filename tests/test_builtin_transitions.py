@@ -63,6 +63,9 @@ def test_cached_recompile_and_what_a_new_or_emptied_worker_reports(norm):
     new = transition_facts(built, norm(attention="mma", attn_split_k=2), caches, alive=True)
     assert new.restart_class == "recompile" and not new.cached
     assert transition_facts(None, mma, caches, alive=True).cached  # survived a failure: caches warm
+    # ... but not for what it never compiled (a step compile after a failed trial took 2 min 26 s)
+    assert not transition_facts(None, norm(attention="mma", step_compile="inductor",
+                                           moe_experts="grouped"), caches, alive=True).cached
     assert transition_facts(None, mma, caches, alive=False).restart_class == "restart"
     caches.clear()
     assert not transition_facts(None, mma, caches, alive=True).cached

@@ -18,7 +18,7 @@ Transition seconds, best source first:
   3. the space file's priors (a knob's `prior.apply_cost_s`, else `priors.apply_cost_s[class]`).
 A switch may redo a knob's build work though that knob keeps its value (`Transition.redone`: under
 step_compile every new configuration re-traces the step, under CUDA graphs every switch captures
-again): its seconds are learned apart (`redo_obs`), before the first the knob's cold seconds.
+again): its seconds are learned apart (`redo_obs`), before the first the knob's warm switch.
 Nothing changed: free. Nothing built (the first trial, or after a crash): a fresh start, which costs
 a worker's start (learned from fresh starts of configurations that build nothing beyond the
 baseline, else the space's restart prior) plus the dearest compile of the knobs the configuration
@@ -118,7 +118,9 @@ class CostModel:
         return statistics.median(self.measure_obs) if self.measure_obs else self.default_measure_s
 
     def fresh_start_s(self) -> float:
-        """What starting from nothing costs (after a failure): the dearest parameter's apply seconds."""
+        """The agent's penalty for a failure (nothing trusted runs after it): the dearest parameter's
+        apply seconds, a bound on any configuration's fresh start (`estimate(None, params)` gives
+        one configuration's)."""
         return max((self._param_s(i) for i in range(len(self.params))), default=0.0)
 
     def estimate(self, built: Mapping[str, Any] | None, params: Mapping[str, Any],
@@ -185,9 +187,11 @@ class CostModel:
         return max(self.start_s() + inside, restarts)
 
     def _redo_s(self, i: int) -> float:
-        """Seconds redoing parameter i's build (a re-trace, a new capture): learned, else its cold switch."""
+        """Seconds redoing parameter i's build (a re-trace, a new capture) in a worker that built it:
+        learned, else its warm switch (priced cold, the first re-trace under step_compile read 2 min
+        30 s and a resumed H200 run stopped itself on it: h200_live_10m_run4, run2.log)."""
         seen = self.redo_obs.get(i)
-        return statistics.median(seen) if seen else self._cold_s(i)
+        return statistics.median(seen) if seen else self._param_s(i, cached=True)
 
     def _class_of(self, changed: list[int]) -> RestartClass:
         return RestartClass.dearest(self.params[i].restart_class for i in changed)

@@ -29,19 +29,25 @@ class WorkerCaches:
 
     compiled: set[tuple] = field(default_factory=set)  # recompile-class values compiled
     traced: set[tuple] = field(default_factory=set)  # configurations whose step Dynamo traced
+    values: set[tuple] = field(default_factory=set)  # (knob, value) of recompile-class knobs built
 
     def remember(self, config: dict[str, Any]) -> None:
         """`config` (normalized) was built and measured in this worker."""
         self.compiled.add(compile_key(config))
+        self.values |= recompile_values(config)
         if step_compiled(config):
             self.traced.add(trace_key(config))
 
     def clear(self) -> None:
         self.compiled.clear()
         self.traced.clear()
+        self.values.clear()
 
-    def __bool__(self) -> bool:
-        return bool(self.compiled)
+    def warm_for(self, config: dict[str, Any]) -> bool:
+        """Whether every recompile-class value of `config` was built here in some combination: its
+        compiles then run on warm in-process caches (a new combination is cheap, a value never
+        compiled, say the first step compile, is not)."""
+        return bool(self.compiled) and recompile_values(config) <= self.values
 
 
 def effective(config: dict[str, Any], name: str) -> tuple:
@@ -57,6 +63,15 @@ def compile_key(config: dict[str, Any]) -> tuple:
     from dsv4.knobs import KNOBS
 
     return tuple(effective(config, k.name) for k in KNOBS if k.restart_class == "recompile")
+
+
+def recompile_values(config: dict[str, Any]) -> set[tuple]:
+    """Each (knob, value) a recompile-class knob takes in `config`, globally or on some layer."""
+    from dsv4.knobs import KNOBS
+
+    names = {k.name for k in KNOBS if k.restart_class == "recompile"}
+    out = {(name, config[name]) for name in names}
+    return out | {(knob, value) for _layer, knob, value in config.get("layer_overrides", []) if knob in names}
 
 
 def trace_key(config: dict[str, Any]) -> tuple:
@@ -80,8 +95,10 @@ def transition_facts(built: dict[str, Any] | None, to: dict[str, Any], caches: W
     if not alive:
         return Transition(RestartClass.RESTART.value, everything)
     if built is None:  # a live worker with nothing trusted in it (fresh, or after a failure)
-        # cached: it has built before, so its in-process caches (Dynamo, Triton) are warm
-        return Transition(RestartClass.REBUILD.value, everything, cached=bool(caches))
+        # cached: its in-process caches (Dynamo, Triton) are warm for what `to` compiles; a surviving
+        # worker is not warm for a value it never compiled (on the H200 step_compile after a failed trial was
+        # predicted at 38 s as a warm relaunch and took 2 min 26 s: h200_live_10m_run4, trial 25)
+        return Transition(RestartClass.REBUILD.value, everything, cached=caches.warm_for(to))
     changed = tuple(k for k in KNOB_BY_NAME if effective(built, k) != effective(to, k))
     if not changed:
         return Transition(RestartClass.NONE.value, ())
