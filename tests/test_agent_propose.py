@@ -191,3 +191,27 @@ def test_every_two_knob_move_of_the_incumbent_is_a_candidate(case):
     expected = (int(alt.sum()) ** 2 - int((alt * alt).sum())) // 2
     assert len(pairs) == expected == len({tuple(r) for r in pairs})
     assert ((pairs != ref[None, :]).sum(axis=1) == 2).all()
+
+
+def test_a_dear_switch_goes_alone_and_its_cheap_riders_wait_for_its_build(case):
+    # live H200 run 4, trial 25: step_compile (a 2-minute compile) went together with attn_num_warps=2
+    # (a 10 s recompile); the pair measured -29 %, the loss was the warps', and step_compile, dear to
+    # try again, was not retried in that run. The dear knob goes first alone; riders as dear as the
+    # knob itself stay in the move (no cheap afterwards for them).
+    target, view = case
+    ch, gp, _ = _chooser(view, target)
+    costs = CostModel(view.space, default_measure_s=5)
+    gp.fit(view.base_code[None, :], np.zeros(1), np.full(1, 0.01))
+    pair = code(view, cuda_graphs="on", moe_experts="grouped")
+    top = ch.rank([Candidate(pair, "neighbour", "two knobs")], view.base_code, 0.0, view.base_code,
+                  lambda c: None, set(), costs)[0]
+    assert tuple(top.code) == tuple(code(view, cuda_graphs="on"))
+    assert "alone, without moe_experts=grouped" in top.cand.note and top.cost.transition_s > 15
+    # the core already measured: the pair stays what it is
+    kept = ch.rank([Candidate(pair, "neighbour")], view.base_code, 0.0, view.base_code, lambda c: None,
+                   {tuple(int(x) for x in code(view, cuda_graphs="on"))}, costs)[0]
+    assert tuple(kept.code) == tuple(pair)
+    # two recompiles of the same price: neither rides on the other
+    even = code(view, attention="mma", glue="compile")
+    assert tuple(ch.rank([Candidate(even, "neighbour")], view.base_code, 0.0, view.base_code,
+                         lambda c: None, set(), costs)[0].code) == tuple(even)

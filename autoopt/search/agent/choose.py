@@ -35,6 +35,8 @@ BATCH_DISCOUNT = 0.5
 COST_KEEP = 48  # candidates costed (the target's facts are asked per candidate): the largest
                 # expected improvements net of the failure odds, plus ...
 CHEAP_KEEP = 16  # ... the best of those that reuse the running build (cheap whatever their gain)
+ALONE_MIN_RATIO = 3.0  # a transition this many measurements long is dear enough to go alone ...
+RIDERS_MAX_SHARE = 0.25  # ... when the other switches of the move cost at most this share of it
 
 
 @dataclass
@@ -75,21 +77,53 @@ class Chooser:
         keep = self._worth_costing(X, ei * (1.0 - p_fail), built)
         fresh_s = costs.fresh_start_s()
         built_params = self.view.decode(built) if built is not None else None
-        scored = []
-        for i in keep:
-            c = cands[i]
+
+        def score(c: Candidate, m: float, s_d: float, e: float, pf: float) -> Scored:
             cost = costs.estimate(built_params, self.view.decode(c.code), transition_of(c.code))
-            pf = float(p_fail[i])
-            worth = float(np.expm1(ei[i]))
+            worth = float(np.expm1(e))
             rate = worth * (1.0 - pf) / max(expected_s(cost, pf, fresh_s), 1.0)
-            scored.append(Scored(cand=c, label=self.view.describe(c.code, incumbent),
-                                 gain=float(np.expm1(mu[i] - f_best)), gain_sd=float(sd[i]), worth=worth,
-                                 p_fail=pf, cost=cost, rate=rate, mu=float(mu[i])))
+            return Scored(cand=c, label=self.view.describe(c.code, incumbent), gain=float(np.expm1(m - f_best)),
+                          gain_sd=s_d, worth=worth, p_fail=pf, cost=cost, rate=rate, mu=m)
+
+        scored = [score(cands[i], float(mu[i]), float(sd[i]), float(ei[i]), float(p_fail[i])) for i in keep]
         scored.sort(key=lambda s: -s.rate)
         self._batch(scored, built, f_best, skip, costs.measure_s())
         scored.sort(key=lambda s: -s.rate)
         self._credit_profile(scored[:20], incumbent, incumbent_ms or {})
+        alone = self._alone(scored[0], incumbent, built_params, transition_of, skip, costs)
+        if alone is not None:
+            m, s_d = self.model.predict(alone.code[None, :])
+            core = score(alone, float(m[0]), float(s_d[0]), float(expected_improvement(m, s_d, f_best)[0]),
+                         float(self.failures.probs(alone.code[None, :])[0]))
+            self._batch([core], built, f_best, skip, costs.measure_s())
+            scored = [core] + [s for s in scored if not np.array_equal(s.code, alone.code)]
         return scored
+
+    def _alone(self, top: Scored, incumbent: np.ndarray, built_params: Any, transition_of: Any,
+               skip: set[tuple[int, ...]], costs: CostModel) -> Candidate | None:
+        """An expensive switch travels alone. When the best candidate pairs one knob that carries
+        nearly all of its transition (a whole-step compile) with riders that would cost little on
+        their own, a loss would be blamed on the expensive knob, which is dear to try again, while
+        the riders are cheap to try afterwards on its build. So the expensive knob goes first alone,
+        unless the model expects it clearly worse without them (an interaction)."""
+        changed = np.nonzero(top.code != incumbent)[0]
+        if len(changed) < 2 or top.cost.transition_s < ALONE_MIN_RATIO * max(top.cost.measure_s, 1.0):
+            return None
+        for p in changed:
+            core, riders = incumbent.copy(), top.code.copy()
+            core[p], riders[p] = top.code[p], incumbent[p]
+            if tuple(int(x) for x in core) in skip or not self.view.feasible(core):
+                continue
+            riders_s = costs.estimate(built_params, self.view.decode(riders), transition_of(riders)).transition_s
+            if riders_s > RIDERS_MAX_SHARE * top.cost.transition_s:
+                continue
+            mu, _ = self.model.predict(core[None, :])
+            if float(np.expm1(mu[0] - top.mu)) < -top.gain_sd:
+                return None  # the riders matter to it: keep the pair
+            return Candidate(core, top.cand.source,
+                             f"{top.cand.note}; alone, without {self.view.describe(riders, incumbent)} (cheap to "
+                             f"try on its build afterwards; a loss of the pair would be blamed on the dear switch)")
+        return None
 
     def _worth_costing(self, X: np.ndarray, net_ei: np.ndarray, built: np.ndarray | None) -> np.ndarray:
         """Indices of the candidates to cost: the COST_KEEP largest expected improvements net of the
