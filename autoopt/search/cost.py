@@ -100,16 +100,18 @@ class CostModel:
         redone = self._redone(estimate)
         if not changed:
             return
-        cls = self._class_of(changed).value  # the redone work is learned apart (redo_obs)
+        cls = self._class_of(changed).value
         seconds = result.transition_s
+        cached = estimate is not None and estimate.cached
+        if redone and max(map(self._redo_s, redone)) >= max(self._param_s(i, cached) for i in changed):
+            # the redone work took the time: learned apart, and not as what the changed class costs
+            self.redo_obs.setdefault(max(redone, key=self._redo_s), []).append(seconds)
+            return
         self.class_obs.setdefault(cls, []).append(seconds)
         known = estimate.known_s if estimate is not None else None
         if known is not None and known > 0.5:
             self.known_ratio.setdefault(cls, []).append(seconds / known)
-        cached = estimate is not None and estimate.cached
-        if redone and max(map(self._redo_s, redone)) >= max(self._param_s(i, cached) for i in changed):
-            self.redo_obs.setdefault(max(redone, key=self._redo_s), []).append(seconds)
-        elif cached or len(changed) == 1:
+        if cached or len(changed) == 1:
             dearest = max(changed, key=lambda i: self._param_s(i, cached))
             (self.warm_obs if cached else self.param_obs).setdefault(dearest, []).append(seconds)
 
@@ -207,11 +209,12 @@ class CostModel:
         seen = self.param_obs.get(i)
         if seen:
             return statistics.median(seen)
-        # a knob's own prior is a claim about that knob; its class's default yields to what this run
-        # measured for the class (on the H200 Triton compiles took 5-13 s against the default 20 s)
+        # a knob's own positive prior is a claim about that knob; its class's default, or an own 0
+        # (a table that gives its seconds itself), yields to what this run measured for the class (on
+        # the H200 Triton compiles took 5-13 s against the default 20 s)
         cls_seen = self.class_obs.get(self.params[i].restart_class.value)
         p = self.params[i]
-        return p.prior_s if p.own_prior or not cls_seen else statistics.median(cls_seen)
+        return p.prior_s if (p.own_prior and p.prior_s > 0) or not cls_seen else statistics.median(cls_seen)
 
     def warm_fraction(self) -> float:
         """Warm over cold seconds, from the parameters measured both ways (WARM_FRACTION before)."""
