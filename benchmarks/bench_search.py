@@ -120,11 +120,13 @@ def _print_checks(committed: dict, landscapes: dict) -> None:
               f"{row['stopped_itself']} ({row['stopped_within_1pct']} within 1%); calibration {calib}")
 
 
-def _summarise_progress(path: Path) -> None:
-    """The figures of the runs a (perhaps unfinished) benchmark wrote so far, seeds it completed."""
+def _summarise_progress(path: Path, out: str | None) -> None:
+    """The figures of the runs a (perhaps unfinished) benchmark wrote so far, seeds it completed;
+    with `out`, also their summary as JSON (progress files of several commits or seed ranges can be
+    concatenated first: the JSON names the file, and the rows carry their seeds)."""
     import json
 
-    from autoopt.search.bench import RunStats, summarize
+    from autoopt.search.bench import RunStats, summarize, to_json
 
     runs = [RunStats(**{k: float(v) if v in ("inf", "-inf") else v for k, v in json.loads(line).items()})
             for line in path.read_text().splitlines() if line.strip()]
@@ -139,8 +141,14 @@ def _summarise_progress(path: Path) -> None:
                   f"{100 * st['best_frac_median']:.1f}% stopped {st['stopped_early']} "
                   f"(within 1%: {st['stopped_within_1pct']}) calib {calib} wall/run {st['wall_s_mean']:.0f}s")
     land = {k: v for k, v in summary.items() if k.endswith(".json.gz")}
-    for table, row in landscape_targets(land).items():
+    land_checks = landscape_targets(land)
+    for table, row in land_checks.items():
         print(table, {k: v for k, v in row.items() if "ratio" in k or k in ("met", "tables_at_most_0.6x_tpe")})
+    if out:
+        payload = {"benchmark": "bench_search", "machine": machine_meta(), "from_progress": str(path),
+                   "command": " ".join(sys.argv), "seeds": sorted({r.seed for r in runs}),
+                   "summary": summary, "landscape_targets": land_checks}
+        print(f"wrote {write_result(out, to_json(payload))}")
 
 
 def main() -> None:
@@ -159,12 +167,14 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first..first+N-1 (both groups): the "
                     "landscapes are development data, develop on seeds >= 100 and report seeds 0-9")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", default=str(HERE / "results" / "bench_search.json"))
+    ap.add_argument("--out", default=None, help="result JSON (default benchmarks/results/bench_search.json; "
+                    "with --from-progress only when given)")
     ap.add_argument("--progress", help="append each finished run to this JSON-lines file as it ends")
     ap.add_argument("--from-progress", metavar="FILE", help="only summarise the runs a --progress file holds")
     args = ap.parse_args()
     if args.from_progress:
-        return _summarise_progress(Path(args.from_progress))
+        return _summarise_progress(Path(args.from_progress), args.out)
+    args.out = args.out or str(HERE / "results" / "bench_search.json")
 
     from autoopt.search.bench import bench, merge, render, to_json
 

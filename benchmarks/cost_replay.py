@@ -29,7 +29,7 @@ from autoopt.search.resume import interrupted  # noqa: E402
 from autoopt.search.run_types import transition_within  # noqa: E402
 from autoopt.store.reading import open_for_reading  # noqa: E402
 from autoopt.targets.builtin.target import BuiltinTarget  # noqa: E402
-from autoopt.targets.builtin.transitions import WorkerCaches, transition_facts  # noqa: E402
+from autoopt.targets.builtin.transitions import transition_facts  # noqa: E402
 from autoopt.targets.declared import load_declared  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def replay(records: list, space, target: BuiltinTarget) -> list[dict]:
     from the configurations (autoopt.targets.builtin.transitions, as the live target reported them
     with this tree's code), with a worker's caches followed as the runs' trials filled them."""
     costs = CostModel(space)
-    built, built_config, run, rows, alive, caches = None, None, None, [], False, WorkerCaches()
+    built, built_config, run, rows, alive, caches = None, None, None, [], False, target._new_caches()
     for rec in records:
         t = outcome_from_record(rec)
         if rec.run_id != run:  # a new run starts a fresh worker

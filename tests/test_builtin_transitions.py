@@ -69,3 +69,38 @@ def test_cached_recompile_and_what_a_new_or_emptied_worker_reports(norm):
     assert transition_facts(None, mma, caches, alive=False).restart_class == "restart"
     caches.clear()
     assert not transition_facts(None, mma, caches, alive=True).cached
+
+
+def test_a_new_combination_of_compiled_kernels_is_cached_but_a_new_tile_tuple_is_not(norm):
+    """Triton compiles the attention kernel once per tuple of its tile knobs per layer class, and
+    every other recompile knob's kernel per value: on the H200, under step_compile, a combination
+    never built whose kernels all were took 0.5-0.8 s, one new tile tuple 8-12 s
+    (h200_live_10m_run5, trials 53-73); keying the cache on the whole combination called both cold."""
+    target = BuiltinTarget("flash-slice", "cuda")
+    caches = target._new_caches()
+    a = norm(attention="mma", attn_block_kv=32, glue="triton")
+    b = norm(attention="mma", attn_num_warps=8, glue="compile")
+    built = built_in(caches, a, b)
+    mixed = norm(attention="mma", attn_block_kv=32, glue="compile")  # both pieces were compiled
+    assert transition_facts(built, mixed, caches, alive=True).cached
+    tiles = norm(attention="mma", attn_block_kv=32, attn_num_warps=8, glue="triton")  # a new tuple
+    assert not transition_facts(built, tiles, caches, alive=True).cached
+    # a tile tuple compiled on one layer class only is new on another
+    window = target._model.layers_of_class("window")
+    per_class = dict(a, layer_overrides=[[i, "attn_num_warps", 8] for i in window])
+    assert not transition_facts(built, per_class, caches, alive=True).cached
+
+
+def test_under_step_compile_a_value_built_only_eager_is_not_cached(norm):
+    """Inductor generates kernels for the torch ops each knob's value chooses: a value built eager
+    has none of them (a switch back to one took 10.5 s under step_compile: run5, trial 58), while a
+    re-trace of values all compiled before reuses them (0.5-0.8 s there)."""
+    caches = WorkerCaches()
+    sc = dict(attention="mma", step_compile="inductor")
+    built = built_in(caches, norm(mhc_operand="view_bf16_residual", attention="mma"),  # eager only
+                     norm(mhc_gemm="bf16", **sc), norm(moe_experts="grouped", **sc))
+    both = transition_facts(built, norm(mhc_gemm="bf16", moe_experts="grouped", **sc), caches, alive=True)
+    assert both.redone == ("step_compile",) and both.cached  # a new graph of compiled pieces
+    eager_value = norm(mhc_operand="view_bf16_residual", moe_experts="grouped", **sc)
+    t = transition_facts(built, eager_value, caches, alive=True)
+    assert t.redone == ("step_compile",) and not t.cached

@@ -207,6 +207,13 @@ def test_work_a_switch_redoes_is_charged_and_learned_apart(space):
     assert cm.estimate(glue, moved, retrace).transition_s == pytest.approx(10.0)
     assert cm.estimate(glue, moved).transition_s == 0  # the runtime knob learned nothing from it
     assert cm.estimate(glue, glue, retrace).transition_s == 0  # nothing changes: nothing redone
+    # a re-trace whose kernels were all compiled before is learned apart from one that compiles anew
+    # (0.5-0.8 s against 8-12 s on the H200: h200_live_10m_run5); until seen, it borrows the cold one
+    hit = Transition("rebuild", ("moe_experts",), cached=True, redone=("glue",))
+    assert cm.estimate(glue, moved, hit).transition_s == pytest.approx(10.0)
+    cm.observe(glue, moved, took(0.6, 5.0), cm.estimate(glue, moved, hit))
+    assert cm.estimate(glue, moved, hit).transition_s == pytest.approx(0.6)
+    assert cm.estimate(glue, moved, retrace).transition_s == pytest.approx(10.0)
 
 
 def test_a_knob_prior_of_zero_is_no_claim_and_yields_to_the_class_seconds_measured():
@@ -219,3 +226,23 @@ def test_a_knob_prior_of_zero_is_no_claim_and_yields_to_the_class_seconds_measur
     warps = {**base, "num_warps": 8}
     cm.observe(base, warps, took(25.0, 20.0))
     assert cm.estimate(warps, {**warps, "num_stages": 3}).transition_s == pytest.approx(25.0)
+
+
+def test_the_confirmation_reserve_is_the_way_back_to_the_best_not_the_dearest_switch_seen(space):
+    """On the H200 the reserve was the dearest transition seen (a 1 min 30 s step compile) while going
+    back to the best took 4-5 s: both runs stopped with over a minute unused. The reserve is the way
+    back from the build now, or one warm switch back after the next trial, whichever is dearer."""
+    cm = CostModel(space)
+    base, glue, graphs = space.baseline_params(), params(space, glue="compile"), params(space, cuda_graphs="on")
+    cold, warm = Transition("recompile", ("glue",)), Transition("recompile", ("glue",), cached=True)
+    cm.observe(base, glue, took(150.0, 10.0), cm.estimate(base, glue, cold))
+    cm.observe(glue, base, took(6.0, 10.0), cm.estimate(glue, base, warm))
+    cm.observe(base, graphs, took(20.0, 10.0), cm.estimate(base, graphs, Transition("restart", ("cuda_graphs",))))
+    assert cm.dearest_seen_s == 150.0
+    assert cm.confirm_reserve_s() == pytest.approx(10.0 + 150.0)  # nothing to go back to yet
+    # sitting on the best: the next trial's way back is a warm switch, or the 20 s restart it may cause
+    assert cm.return_bound_s() == pytest.approx(20.0)
+    assert cm.confirm_reserve_s(glue, glue) == pytest.approx(10.0 + 20.0)
+    assert cm.confirm_reserve_s(base, glue, warm) == pytest.approx(10.0 + 20.0)
+    # a worker that never compiled the best's glue must compile it cold to go back
+    assert cm.confirm_reserve_s(base, glue, cold) == pytest.approx(10.0 + 150.0)

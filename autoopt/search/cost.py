@@ -18,7 +18,9 @@ Transition seconds, best source first:
   3. the space file's priors (a knob's `prior.apply_cost_s`, else `priors.apply_cost_s[class]`).
 A switch may redo a knob's build work though that knob keeps its value (`Transition.redone`: under
 step_compile every new configuration re-traces the step, under CUDA graphs every switch captures
-again): its seconds are learned apart (`redo_obs`), before the first the knob's warm switch.
+again): its seconds are learned apart (`redo_obs`), cold and warm apart (a re-trace that compiles a
+new kernel took 8-12 s on the H200, one whose kernels were all cached 0.5-0.8 s), before the first
+the knob's warm switch.
 Nothing changed: free. Nothing built (the first trial, or after a crash): a fresh start, which costs
 a worker's start (learned from fresh starts of configurations that build nothing beyond the
 baseline, else the space's restart prior) plus the dearest compile of the knobs the configuration
@@ -75,7 +77,7 @@ class CostModel:
         self.known_ratio: dict[str, list[float]] = {}  # measured / the target's known figure, per class
         self.measure_obs: list[float] = []
         self.relaunch_obs: list[float] = []  # transitions from nothing known into a live process
-        self.redo_obs: dict[int, list[float]] = {}  # parameter index -> seconds of redoing its build
+        self.redo_obs: dict[tuple[int, bool], list[float]] = {}  # (parameter, cached) -> redo seconds
         self.start_obs: list[float] = []  # fresh starts that built nothing beyond the baseline
         self.baseline = dict(space.baseline_params()) if hasattr(space, "baseline_params") else {}
         self.restart_prior_s = float((getattr(space, "apply_cost_s", {}) or {}).get("restart", 0.0))
@@ -103,9 +105,10 @@ class CostModel:
         cls = self._class_of(changed).value
         seconds = result.transition_s
         cached = estimate is not None and estimate.cached
-        if redone and max(map(self._redo_s, redone)) >= max(self._param_s(i, cached) for i in changed):
+        redo = {i: self._redo_s(i, cached) for i in redone}
+        if redo and max(redo.values()) >= max(self._param_s(i, cached) for i in changed):
             # the redone work took the time: learned apart, and not as what the changed class costs
-            self.redo_obs.setdefault(max(redone, key=self._redo_s), []).append(seconds)
+            self.redo_obs.setdefault((max(redo, key=redo.get), cached), []).append(seconds)
             return
         self.class_obs.setdefault(cls, []).append(seconds)
         known = estimate.known_s if estimate is not None else None
@@ -149,7 +152,7 @@ class CostModel:
         elif built is None:
             seconds = self._fresh_s(params)
         else:
-            seconds = max([self._param_s(i, cached) for i in changed] + [self._redo_s(i) for i in redone],
+            seconds = max([self._param_s(i, cached) for i in changed] + [self._redo_s(i, cached) for i in redone],
                           default=0.0)
         if built is not None and not changed:
             seconds, redone = 0.0, []
@@ -158,9 +161,23 @@ class CostModel:
                             restart_class=shown.value, changed=tuple(self.params[i].name for i in changed),
                             cached=cached, known_s=known, redone=tuple(self.params[i].name for i in redone))
 
-    def confirm_reserve_s(self) -> float:
-        """What re-measuring the best may need: the dearest transition seen, then one measurement."""
-        return self.measure_s() + self.dearest_seen_s
+    def confirm_reserve_s(self, built: Mapping[str, Any] | None = None, best: Mapping[str, Any] | None = None,
+                          facts: Any = None) -> float:
+        """What re-measuring `best` needs after one more trial: going back to it, then a measurement.
+        Back from the build now is its estimate (`facts`: the target's Transition to `best`); the
+        next trial moves the worker by one more switch, which a worker that built `best` reverses
+        warm (`return_bound_s`). Without a best or a build: the dearest transition seen (on the H200
+        that kept 1 min 38 s back while each confirmation took 4-5 s: h200_live_10m_run5)."""
+        if best is None or built is None:
+            return self.measure_s() + self.dearest_seen_s
+        back_now = self.estimate(built, best, facts).transition_s
+        return self.measure_s() + max(back_now, self.return_bound_s())
+
+    def return_bound_s(self) -> float:
+        """The dearest switch back to a configuration this worker built: any parameter's warm switch
+        (a restart-class one starts a new worker, whose in-process caches are cold), or a redo."""
+        back = [self._param_s(i, cached=p.restart_class != RestartClass.RESTART) for i, p in enumerate(self.params)]
+        return max(back + [self._redo_s(i, True) for i, _ in self.redo_obs], default=0.0)
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _changed(self, built: Mapping[str, Any], params: Mapping[str, Any]) -> list[int]:
@@ -188,11 +205,12 @@ class CostModel:
         restarts = max((self._cold_s(i) for i in beyond if self.params[i].restart_class == restart), default=0.0)
         return max(self.start_s() + inside, restarts)
 
-    def _redo_s(self, i: int) -> float:
+    def _redo_s(self, i: int, cached: bool = False) -> float:
         """Seconds redoing parameter i's build (a re-trace, a new capture) in a worker that built it:
-        learned, else its warm switch (priced cold, the first re-trace under step_compile read 2 min
-        30 s and a resumed H200 run stopped itself on it: h200_live_10m_run4, run2.log)."""
-        seen = self.redo_obs.get(i)
+        learned for `cached` (the target's facts: every kernel it needs was compiled), else from the
+        other kind, else its warm switch (priced cold, the first re-trace under step_compile read
+        2 min 30 s and a resumed H200 run stopped itself on it: h200_live_10m_run4, run2.log)."""
+        seen = self.redo_obs.get((i, cached)) or self.redo_obs.get((i, not cached))
         return statistics.median(seen) if seen else self._param_s(i, cached=True)
 
     def _class_of(self, changed: list[int]) -> RestartClass:

@@ -335,8 +335,15 @@ class SearchLoop:
         return incumbent.best_of(finished, base, max(weights, key=weights.get))
 
     def _set_reserve(self) -> None:
-        if self.settings.confirm:
-            self.budget.set_reserve(self.costs.confirm_reserve_s(), self.settings.reserve_max_fraction)
+        """Keep back what confirming the best will cost from where the next trial leaves the worker."""
+        if not self.settings.confirm:
+            return
+        best = self._best()
+        facts = None
+        if best is not None and self.built_params is not None:
+            facts = self.target.transition(self.space.params_to_config(best.params))
+        reserve = self.costs.confirm_reserve_s(self.built_params, best.params if best is not None else None, facts)
+        self.budget.set_reserve(reserve, self.settings.reserve_max_fraction)
 
     def _confirm(self) -> None:
         best, base = self._best(), self._baseline()

@@ -24,13 +24,13 @@ from dsv4 import indexer
 from dsv4.cache import LayerCache, write_slot
 from dsv4.compressor import compress_step
 from dsv4.config import DecodeConfig
+from dsv4.knobs import ATTENTION_TILE_KNOBS
 from dsv4.glue import rmsnorm
 from dsv4.rope import apply_rope
 from dsv4.sections import section
 from dsv4.weights import Params, project
 
-TILE_KNOBS = ("attn_block_kv", "attn_heads_per_tile", "attn_num_warps", "attn_num_stages",
-              "attn_split_k")
+TILE_KNOBS = ATTENTION_TILE_KNOBS
 BREAK_ATTENTION_FACTOR = 1.25  # DSV4_TEST_BREAK=attention scales the attention output by this
 
 

@@ -19,6 +19,9 @@ SCOPES = ("global", "layer_class", "layer")
 # Layer classes of DeepSeek-V4: sliding-window only; 4:1 compressed KV + lightning indexer; 128:1
 # compressed KV without indexer.
 LAYER_CLASSES = ("window", "c4", "c128")
+# the Triton attention kernel's tile knobs: it is compiled once per tuple of them (and its mode)
+ATTENTION_TILE_KNOBS = ("attn_block_kv", "attn_heads_per_tile", "attn_num_warps", "attn_num_stages",
+                        "attn_split_k")
 
 
 @dataclass(frozen=True)

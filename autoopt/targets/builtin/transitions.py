@@ -3,8 +3,14 @@ facts of its Transition (autoopt.targets.base), kept apart from the worker plumb
 of a recorded study (benchmarks/cost_replay.py) derives the same facts the live target reported.
 
 A worker caches three kinds of work, and a switch redoes whichever of them it invalidates:
-  - a recompile-class knob's kernels (Triton specialisations, the glue's torch.compile) compile
-    once per combination of those knobs' values (`compiled`): a combination seen before is `cached`;
+  - a recompile-class knob's kernels compile once per specialisation (`kernels`): the attention
+    kernel of a layer class once per tuple of its mode and tile knobs (Triton specialises on all of
+    them together), every other recompile-class knob once per value, and under step_compile the
+    kernels Inductor generates for the torch ops of each knob's value (a switch back to a value
+    built eager, not compiled, took 10.5 s there: trial 58). A configuration all of whose
+    kernels were compiled before is `cached`, even as a combination never built: on the H200, under
+    step_compile, such switches took 0.5-0.8 s and those with one new kernel 8-12 s, while keying the
+    cache on the whole combination called most of both cold (h200_live_10m_run5, trials 53-73);
   - under step_compile=inductor Dynamo traces the whole step, so ANY knob that changes the traced
     code (every knob but cuda_graphs, whose capture wraps the compiled step) makes a new graph. The
     step_compile knob keeps its value, yet its compile is redone (`redone`), with Inductor's
@@ -25,29 +31,45 @@ from autoopt.trial import RestartClass
 
 @dataclass
 class WorkerCaches:
-    """What the live worker has built (cleared with the worker)."""
+    """What the live worker has built (cleared with the worker). `layer_classes`: the preset's class
+    of each layer (DecodeConfig.layer_class), which the attention kernels are specialised per."""
 
-    compiled: set[tuple] = field(default_factory=set)  # recompile-class values compiled
+    layer_classes: tuple[str, ...] = ()
+    kernels: set[tuple] = field(default_factory=set)  # kernel specialisations compiled (kernel_keys)
     traced: set[tuple] = field(default_factory=set)  # configurations whose step Dynamo traced
-    values: set[tuple] = field(default_factory=set)  # (knob, value) of recompile-class knobs built
 
     def remember(self, config: dict[str, Any]) -> None:
         """`config` (normalized) was built and measured in this worker."""
-        self.compiled.add(compile_key(config))
-        self.values |= recompile_values(config)
+        self.kernels |= self.kernel_keys(config)
         if step_compiled(config):
             self.traced.add(trace_key(config))
 
     def clear(self) -> None:
-        self.compiled.clear()
+        self.kernels.clear()
         self.traced.clear()
-        self.values.clear()
 
     def warm_for(self, config: dict[str, Any]) -> bool:
-        """Whether every recompile-class value of `config` was built here in some combination: its
-        compiles then run on warm in-process caches (a new combination is cheap, a value never
-        compiled, say the first step compile, is not)."""
-        return bool(self.compiled) and recompile_values(config) <= self.values
+        """Whether every kernel `config` compiles was compiled here, in whatever combination: its
+        compiles then hit warm in-process caches (a kernel never compiled, say the first step
+        compile, is not)."""
+        return bool(self.kernels) and self.kernel_keys(config) <= self.kernels
+
+    def kernel_keys(self, config: dict[str, Any]) -> set[tuple]:
+        """The specialisations `config` compiles: ("attention", class, mode, *tiles) per layer
+        class in use, and (knob, value) for every other recompile-class knob's value in use."""
+        from dsv4.knobs import ATTENTION_TILE_KNOBS
+
+        attention = ("attention", *ATTENTION_TILE_KNOBS)
+        per_layer: dict[int, dict[str, Any]] = {}
+        for layer, knob, value in config.get("layer_overrides", []):
+            per_layer.setdefault(int(layer), {})[knob] = value
+        classes = self.layer_classes or ("all",)
+        keys = {("attention", cls, *(per_layer.get(i, {}).get(k, config[k]) for k in attention))
+                for i, cls in enumerate(classes)}
+        keys |= {v for v in recompile_values(config) if v[0] not in attention}
+        if step_compiled(config):  # Inductor generates kernels for the torch ops every knob chooses
+            keys |= {(config["step_compile"], *v) for v in knob_values(config) if v[0] != "cuda_graphs"}
+        return keys
 
 
 def effective(config: dict[str, Any], name: str) -> tuple:
@@ -59,19 +81,20 @@ def effective(config: dict[str, Any], name: str) -> tuple:
     return (config[name], tuple(sorted(per_layer.items())))
 
 
-def compile_key(config: dict[str, Any]) -> tuple:
-    from dsv4.knobs import KNOBS
-
-    return tuple(effective(config, k.name) for k in KNOBS if k.restart_class == "recompile")
-
-
 def recompile_values(config: dict[str, Any]) -> set[tuple]:
     """Each (knob, value) a recompile-class knob takes in `config`, globally or on some layer."""
     from dsv4.knobs import KNOBS
 
     names = {k.name for k in KNOBS if k.restart_class == "recompile"}
-    out = {(name, config[name]) for name in names}
-    return out | {(knob, value) for _layer, knob, value in config.get("layer_overrides", []) if knob in names}
+    return {v for v in knob_values(config) if v[0] in names}
+
+
+def knob_values(config: dict[str, Any]) -> set[tuple]:
+    """Each (knob, value) `config` sets, globally or on some layer."""
+    from dsv4.knobs import KNOBS
+
+    out = {(k.name, config[k.name]) for k in KNOBS}
+    return out | {(knob, value) for _layer, knob, value in config.get("layer_overrides", [])}
 
 
 def trace_key(config: dict[str, Any]) -> tuple:
@@ -103,10 +126,11 @@ def transition_facts(built: dict[str, Any] | None, to: dict[str, Any], caches: W
     if not changed:
         return Transition(RestartClass.NONE.value, ())
     cls = RestartClass.dearest(KNOB_BY_NAME[k].restart_class for k in changed)
-    # cached: the recompile-class knobs that change have this combination compiled already
-    cached = cls is RestartClass.RECOMPILE and compile_key(to) in caches.compiled
     redone = []
     retrace = step_compiled(to) and "step_compile" not in changed and trace_key(to) not in caches.traced
+    # cached: every kernel `to` compiles (a re-trace's included) was compiled in this worker, in this
+    # combination or another
+    cached = (cls is RestartClass.RECOMPILE or retrace) and caches.warm_for(to)
     if retrace:
         redone.append("step_compile")
     if to.get("cuda_graphs") == "on" and "cuda_graphs" not in changed:
