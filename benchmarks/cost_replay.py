@@ -41,7 +41,7 @@ def replay(records: list, space, target: BuiltinTarget) -> list[dict]:
     from the configurations (autoopt.targets.builtin.transitions, as the live target reported them
     with this tree's code), with a worker's caches followed as the runs' trials filled them."""
     costs = CostModel(space)
-    built, built_config, run, rows, alive, caches = None, None, None, [], False, target._new_caches()
+    built, built_config, run, rows, alive, caches = None, None, None, [], False, target.new_caches()
     for rec in records:
         t = outcome_from_record(rec)
         if rec.run_id != run:  # a new run starts a fresh worker

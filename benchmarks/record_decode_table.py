@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import json
 import math
 import statistics
 import sys
@@ -44,6 +45,7 @@ LEVELS: dict[str, tuple[Any, ...]] = {
     "glue": ("eager", "triton"),
     "attention": ("per_head", "mma"),
     "attn_split_k": (1, 4),
+    "attn_heads_per_tile": (16, 32, 64),
     "mhc_gemm": ("fp32", "bf16"),
     "mhc_operand": ("cast_from_fp32", "view_bf16_residual"),
     "proj_gemms": ("separate", "stacked"),
@@ -51,14 +53,20 @@ LEVELS: dict[str, tuple[Any, ...]] = {
 CONSTRAINTS = [
     "mhc_operand == 'cast_from_fp32' or mhc_gemm == 'bf16'",  # the space's own rule
     "moe_experts != 'loop' or (cuda_graphs == 'off' and step_compile == 'off')",  # host-read counts
-    "attn_split_k == 1 or attention == 'mma'",  # split-K is a tile of the mma kernel here
+    # split-K and heads per tile are tiles of the mma kernel (the space's own rule)
+    "attention == 'mma' or (attn_split_k == 1 and attn_heads_per_tile == 16)",
+    "proj_gemms == 'separate' or mhc_gemm == 'bf16'",  # stacked projections on the bf16 mHC path
+    # The host-bound eager step (GPU busy ~13 % of its wall; an eager row costs several graph rows):
+    # its launch-count knobs in full, the kernel-side knobs at their two ends only.
+    "cuda_graphs == 'on' or step_compile != 'off' or (attn_split_k == 1 and attn_heads_per_tile == 16 "
+    "and proj_gemms == 'separate' and (mhc_gemm == 'fp32' or mhc_operand == 'view_bf16_residual'))",
     # step_compile is recorded on the fused path only: each such row costs two Inductor compiles
     "step_compile == 'off' or (glue == 'triton' and mhc_operand == 'view_bf16_residual' and "
-    "proj_gemms == 'stacked' and attention == 'mma')",
-    "proj_gemms == 'separate' or mhc_gemm == 'bf16'",  # stacked projections on the bf16 mHC path
+    "proj_gemms == 'stacked' and attention == 'mma' and attn_split_k == 1 and attn_heads_per_tile == 16)",
 ]
 WEIGHTS = {1: 0.2, 16: 0.3, 64: 0.5}  # dsv4_flash_decode's objective: weighted geometric mean
 APPLY_KEYS = ("build", "compile", "restart")
+COST_PHASES = ("restart", "build", "compile", "warmup", "measure", "guard", "profile")
 
 
 def allowed(cfg: dict[str, Any]) -> bool:
@@ -68,16 +76,20 @@ def allowed(cfg: dict[str, Any]) -> bool:
 
 
 def design() -> list[dict[str, Any]]:
-    """Every allowed combination, in Gray-code-like order: consecutive rows differ in few knobs."""
+    """Every allowed combination, in Gray-code-like order: consecutive rows differ in few knobs. The
+    step_compile rows come last: they are the dearest (two Inductor compiles), and a recording cut
+    short before them is still a whole table once `step_compile == 'off'` is added to CONSTRAINTS."""
     names = list(LEVELS)
     rows = [dict(zip(names, combo)) for combo in itertools.product(*LEVELS.values())]
     rows = [r for r in rows if allowed(r)]
-    ordered, left = [rows[0]], rows[1:]
-    while left:  # greedy nearest neighbour: the next row changes the fewest knobs
-        prev = ordered[-1]
-        nxt = min(left, key=lambda r: sum(r[k] != prev[k] for k in names))
-        ordered.append(nxt)
-        left.remove(nxt)
+    ordered: list[dict[str, Any]] = []
+    for block in ([r for r in rows if r["step_compile"] == "off"], [r for r in rows if r["step_compile"] != "off"]):
+        left = list(block)
+        while left:  # greedy nearest neighbour: the next row changes the fewest knobs
+            prev = ordered[-1] if ordered else left[0]
+            nxt = min(left, key=lambda r: sum(r[k] != prev[k] for k in names))
+            ordered.append(nxt)
+            left.remove(nxt)
     return ordered
 
 
@@ -105,10 +117,14 @@ def table_row(cfg: dict[str, Any], doc: dict[str, Any], conc: list[int], wall_s:
         failure = doc.get("failure") or {}
         why = failure.get("reason") or f"guard verdict {doc.get('status')}: {doc.get('correctness')}"
         row.update(tok_per_s_mix="", noise="", error=f"{failure.get('kind', 'exception')}: {why}"[:300])
-    row["measure_s"] = round(sum(costs.get(k, 0.0) for k in ("warmup", "measure", "guard", "profile")), 3)
+    # measure_s: what a trial pays to measure; the profile is the side-car's profile_s, paid in
+    # replay only when the search asks for one (as on the GPU)
+    row["measure_s"] = round(sum(costs.get(k, 0.0) for k in ("warmup", "measure", "guard")), 3)
     row["metric_guard"] = f"{verdict} {(doc.get('correctness') or {}).get('logits_rel_err', 0):.4f}" if verdict else ""
     row["metric_guard_s"] = round(costs.get("guard", 0.0), 3)
     row["compile_s"] = round(sum(costs.get(k, 0.0) for k in APPLY_KEYS), 3)
+    for phase in COST_PHASES:  # where the row's seconds went (issue 14, item 6: the split per trial)
+        row[f"metric_{phase}_s"] = round(costs.get(phase, 0.0), 3)
     for c in conc:
         tp = (doc.get("tok_per_s") or {}).get(str(c))
         row[f"metric_tok_per_s_{c}"] = round(tp["median"], 2) if tp else ""
@@ -116,6 +132,9 @@ def table_row(cfg: dict[str, Any], doc: dict[str, Any], conc: list[int], wall_s:
         row[f"metric_mbu_{c}"] = round(mbu, 4) if mbu is not None else ""
     for b, ms in sorted((doc.get("buckets_ms") or {}).items()):
         row[f"bucket_{b}_ms"] = round(ms, 4)
+    for key in ("step_wall_ms", "device_busy_ms", "host_ms", "launches_per_step"):
+        value = doc.get(key)
+        row[f"metric_{key}"] = round(value, 3) if isinstance(value, (int, float)) else ""
     row["metric_kernel_count"] = doc.get("kernel_count", "")
     row["metric_bucket_coverage"] = round(doc.get("bucket_coverage") or 0.0, 4)
     row["metric_apply"] = (doc.get("what_ran") or {}).get("measure.apply", "")
@@ -123,25 +142,53 @@ def table_row(cfg: dict[str, Any], doc: dict[str, Any], conc: list[int], wall_s:
     return row
 
 
-def measure(state: Any, preset: str, cfg: dict[str, Any], conc: list[int], samples: int,
+def measure(state: Any, args: argparse.Namespace, cfg: dict[str, Any], conc: list[int],
             guard: bool) -> dict[str, Any]:
-    import traceback
-
-    from autoopt.measurement import Measurement
+    """One row through the worker's own measurement code; a failure is a row with its reason."""
     from autoopt.targets.builtin.evaluate import measure_request
     from autoopt.targets.builtin.worker import classify
 
-    req = {"preset": preset, "config": {**cfg, "layer_overrides": []}, "concurrency": conc,
-           "profile": True, "profile_concurrency": 16 if 16 in conc else conc[-1], "profile_steps": 3,
-           "min_samples": samples, "max_samples": 2 * samples, "time_limit_s": 240,
-           "target_rel_ci": 0.02, "warmup_min_s": 0.3, "guard": guard}
-    try:
-        return measure_request(state, req)
-    except Exception as exc:  # a configuration that fails is a row with its reason
-        kind, _ = classify(exc)
-        state.drop_sessions()
-        return Measurement.failed(dict(cfg), kind, f"{type(exc).__name__}: {exc}",
-                                  traceback.format_exc()[-1500:]).to_dict()
+    # the profile at the largest C, as a live run takes it (the objective's heaviest weight)
+    req = {"preset": args.preset, "config": {**cfg, "layer_overrides": []}, "concurrency": conc,
+           "profile": True, "profile_concurrency": max(conc), "profile_steps": args.profile_steps,
+           "min_samples": args.samples, "max_samples": 2 * args.samples, "time_limit_s": 240,
+           "target_rel_ci": 0.02, "warmup_min_s": args.warmup_s, "guard": guard}
+    from autoopt.targets.builtin.worker import RestartRequired
+
+    for attempt in (1, 2):
+        try:
+            return measure_request(state, req)
+        except RestartRequired as exc:  # the live worker cannot switch to it: a fresh one, once
+            state.drop_sessions()
+            if attempt == 2:
+                return _failed(cfg, "exception", exc)
+        except Exception as exc:  # a configuration that fails is a row with its reason
+            kind, fatal = classify(exc)
+            state.drop_sessions()
+            doc = _failed(cfg, kind, exc)
+            doc["fatal"] = fatal  # a CUDA fault leaves the context unusable: main() ends the process
+            return doc
+    raise AssertionError("unreachable")
+
+
+def _failed(cfg: dict[str, Any], kind: str, exc: BaseException) -> dict[str, Any]:
+    import traceback
+
+    from autoopt.measurement import Measurement
+
+    return Measurement.failed(dict(cfg), kind, f"{type(exc).__name__}: {exc}",
+                              traceback.format_exc()[-1500:]).to_dict()
+
+
+def append_what_ran(path: Path, cfg: dict[str, Any], doc: dict[str, Any]) -> None:
+    """What actually ran for this row (kernels, back-ends, dtypes, samples, the guard's verdict),
+    a JSON line per row beside the table: never a silent fallback."""
+    line = {"config": cfg, "status": doc.get("status"), "what_ran": doc.get("what_ran") or {},
+            "costs_s": doc.get("costs_s") or {}, "correctness": {k: v for k, v in (doc.get("correctness") or {}).items()
+                                                               if k != "what_ran"},
+            "failure": doc.get("failure")}
+    with open(path, "a") as f:
+        f.write(json.dumps(line, default=str) + "\n")
 
 
 def read_done(csv_path: Path) -> list[dict[str, Any]]:
@@ -178,7 +225,7 @@ def write_side_car(out: Path, rows: list[dict[str, Any]], conc: list[int], prese
     meta = {
         "recorded": f"for real: dsv4 {preset} on {device}, every row of the design measured "
                     "in one process by benchmarks/record_decode_table.py",
-        "objective": "tok_per_s_mix", "direction": "maximize", "concurrency": conc,
+        "objective": "tok_per_s_mix", "direction": "maximize", "objective_concurrency": conc,
         "objective_weights": {c: WEIGHTS.get(c, 1.0) for c in conc},
         "baseline": {k: v[0] for k, v in LEVELS.items()},
         "constraints": CONSTRAINTS,
@@ -187,6 +234,8 @@ def write_side_car(out: Path, rows: list[dict[str, Any]], conc: list[int], prese
         "restart_observations": {k: len(v) for k, v in by_knob.items()},
         "buckets": {k: list(KNOB_BY_NAME[k].buckets) for k in LEVELS},
         "measure_s": round(statistics.median(float(r["measure_s"]) for r in rows), 3) if rows else 0.0,
+        "profile_s": round(statistics.median(float(r.get("metric_profile_s") or 0.0) for r in rows), 3)
+        if rows else 0.0,
         "guard": f"run on {sum(1 for r in rows if r.get('metric_guard'))} of {len(rows)} rows (every "
                  "step_compile row and every Nth other); the rest carry its median seconds in measure_s "
                  "(csv: metric_guard empty)",
@@ -230,9 +279,13 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--samples", type=int, default=8, help="timed steps per C at least (twice at most)")
+    ap.add_argument("--profile-steps", type=int, default=2, help="profiled steps per row (at the largest C)")
+    ap.add_argument("--warmup-s", type=float, default=0.3, help="seconds of warm-up per C at least")
     ap.add_argument("--limit-s", type=float, default=540.0, help="stop starting rows after this long")
     ap.add_argument("--max-rows", type=int, default=None)
-    ap.add_argument("--guard-every", type=int, default=8,
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="unix time after which no row is started (across resumed processes)")
+    ap.add_argument("--guard-every", type=int, default=4,
                     help="run the correctness guard on every Nth row (and on every step_compile row); the "
                          "others get its median seconds added to measure_s, and the side-car says so")
     args = ap.parse_args()
@@ -248,14 +301,18 @@ def main() -> None:
     print(f"[record] {len(design())} rows in the design, {len(done)} recorded, {len(todo)} to go", flush=True)
     state, columns, t_start = WorkerState(args.device), list(done[0]) if done else [], time.perf_counter()
     for i, cfg in enumerate(todo):
-        if time.perf_counter() - t_start > args.limit_s:
+        if time.perf_counter() - t_start > args.limit_s or (args.deadline and time.time() > args.deadline):
             print(f"[record] --limit-s reached after {i} rows; run again to resume", flush=True)
             break
         t0 = time.perf_counter()
         guard = (len(done) + i) % max(args.guard_every, 1) == 0 or cfg["step_compile"] != "off"
-        row = table_row(cfg, measure(state, args.preset, cfg, conc, args.samples, guard), conc, 0.0)
-        row["metric_wall_s"] = round(time.perf_counter() - t0, 2)
+        doc = measure(state, args, cfg, conc, guard)
+        row = table_row(cfg, doc, conc, time.perf_counter() - t0)
         columns = append_row(csv_path, row, columns)
+        append_what_ran(out.with_suffix(".what_ran.jsonl"), cfg, doc)
+        if doc.get("fatal"):  # the row is recorded as failed; the next rows need a fresh process
+            print(f"[record] fatal {row['error'][:120]}: exiting with 3, run again to resume", flush=True)
+            sys.exit(3)
         print(f"[record] {len(done) + i + 1:4d} {row['tok_per_s_mix'] or row['error'][:60]!s:>10} "
               f"apply {row['compile_s']:6.1f}s wall {row['metric_wall_s']:5.1f}s  "
               + " ".join(f"{k}={v}" for k, v in cfg.items()), flush=True)

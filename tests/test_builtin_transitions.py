@@ -77,7 +77,7 @@ def test_a_new_combination_of_compiled_kernels_is_cached_but_a_new_tile_tuple_is
     never built whose kernels all were took 0.5-0.8 s, one new tile tuple 8-12 s
     (h200_live_10m_run5, trials 53-73); keying the cache on the whole combination called both cold."""
     target = BuiltinTarget("flash-slice", "cuda")
-    caches = target._new_caches()
+    caches = target.new_caches()
     a = norm(attention="mma", attn_block_kv=32, glue="triton")
     b = norm(attention="mma", attn_num_warps=8, glue="compile")
     built = built_in(caches, a, b)
@@ -104,3 +104,13 @@ def test_under_step_compile_a_value_built_only_eager_is_not_cached(norm):
     eager_value = norm(mhc_operand="view_bf16_residual", moe_experts="grouped", **sc)
     t = transition_facts(built, eager_value, caches, alive=True)
     assert t.redone == ("step_compile",) and not t.cached
+
+
+def test_without_the_layers_a_tile_moved_to_another_layer_is_a_new_specialisation(norm):
+    """Caches that do not know the preset's layer classes key the attention knobs' whole assignment:
+    the same tile on another layer is not called cached (reading one layer's value would call it so)."""
+    caches = WorkerCaches()
+    on_layer_1 = dict(norm(attention="mma"), layer_overrides=[[1, "attn_block_kv", 32]])
+    on_layer_2 = dict(norm(attention="mma"), layer_overrides=[[2, "attn_block_kv", 32]])
+    built_in(caches, norm(attention="mma"), on_layer_1)
+    assert caches.warm_for(on_layer_1) and not caches.warm_for(on_layer_2)

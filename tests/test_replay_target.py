@@ -175,3 +175,33 @@ def test_random_configurations_never_raise():
         m = t.evaluate(req(cfg))
         assert m.ok or (m.failure is not None and m.failure.reason)
         assert t.transition(cfg).known_s >= 0
+
+
+def test_a_first_use_compile_is_paid_once_by_whichever_row_has_the_value_first(tmp_path):
+    """first_use_s: a compile every later row with the value shares (the first torch.compile of a
+    step). The recording paid it on one row; a search pays it on whichever row it visits first."""
+    path = small_table(tmp_path, "measure_s: 10\nrestart_s: {a: 0, b: 0}\nbaseline: {a: x, b: 1}\n"
+                                 "first_use_s: {b: {2: 50}}\n")
+    t = ReplayTarget(path)
+    t.evaluate(req({"a": "x", "b": 1}))  # compile 5 + measure 10, no b=2 yet
+    assert t.now() == pytest.approx(15.0)
+    assert t.transition({"a": "x", "b": 2}).known_s == pytest.approx(5.0 + 50.0)
+    m = t.evaluate(req({"a": "x", "b": 2}))
+    assert m.costs_s["compile"] == pytest.approx(55.0)
+    # another row with b=2 (failed in the table, so it costs fail_s too): its first-use is paid
+    tr = t.transition({"a": "y", "b": 2})
+    assert tr.known_s == pytest.approx(0.0)
+    other = ReplayTarget(path)  # a new run: nothing used yet
+    other.evaluate(req({"a": "x", "b": 1}))
+    assert other.transition({"a": "y", "b": 2}).known_s == pytest.approx(50.0)
+
+
+def test_the_side_car_cuts_reach_the_replay_space(tmp_path):
+    """A table recorded from a space carries its knobs' host/launch cuts, so the agent's host bucket
+    reads the same declarations in replay as on the live target."""
+    path = small_table(tmp_path, "measure_s: 10\nbaseline: {a: x, b: 1}\ncuts: {a: [host, launches]}\n"
+                                 "buckets: {a: [gemm], b: [copy]}\n")
+    space = replay_space(ReplayTarget(path))
+    knob = {k.name: k for k in space.knobs}
+    assert knob["a"].cuts and set(next(iter(knob["a"].cuts.values()))) == {"host", "launches"}
+    assert not knob["b"].cuts and "host" in knob["a"].buckets

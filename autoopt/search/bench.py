@@ -168,9 +168,13 @@ def run_one(table: ReplayTable, strategy: str, seed: int, budget_s: float,
 
 
 def default_budget_s(table: ReplayTable) -> float:
-    """A tenth of what measuring every row once would take (restarts not counted), and at least
-    what 40 typical trials take (a restart of the median knob, compile, measurement): long enough
-    for every strategy to get near, short enough that exhausting a large table is not an option."""
+    """The side-car's `budget_s` when the table names one (the H200 decode table: its live check's
+    scale, whose best rows sit behind minute-long compiles); else a tenth of what measuring every row
+    once would take (restarts not counted), and at least what 40 typical trials take (a restart of the
+    median knob, compile, measurement): long enough for every strategy to get near, short enough that
+    exhausting a large table is not an option."""
+    if table.meta.get("budget_s"):
+        return float(table.meta["budget_s"])
     target = ReplayTarget(table)
     per_row = [(r.measure_s if r.measure_s is not None else target.measure_s) + r.compile_s
                for r in table.rows.values()]

@@ -90,7 +90,7 @@ class BuiltinTarget:
         self._client: WorkerClient | None = None
         self._described: dict[str, Any] | None = None
         self._built: dict[str, Any] | None = None  # normalized config last applied in the live worker
-        self._caches = self._new_caches()  # what the live worker compiled and traced
+        self._caches = self.new_caches()  # what the live worker compiled and traced
         self.workers_started = 0
         self.processes = processes  # worker processes each configuration is measured in (evaluate)
         self._twin: BuiltinTarget | None = None  # the second process's target, once asked for
@@ -146,10 +146,11 @@ class BuiltinTarget:
             self._client._reap()
         self._client = None
         self._built = None
-        self._caches = self._new_caches()
+        self._caches = self.new_caches()
 
-    def _new_caches(self) -> WorkerCaches:
-        return WorkerCaches(tuple(self._model.layer_class(i) for i in range(self._model.n_layers)))
+    def new_caches(self) -> WorkerCaches:
+        """An empty record of a fresh worker's caches, for this preset's layers."""
+        return WorkerCaches(tuple(self.layers()))
 
     def describe(self) -> dict[str, Any]:
         """Capabilities, device info and fingerprint, asked once of a worker."""

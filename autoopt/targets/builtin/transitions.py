@@ -60,12 +60,14 @@ class WorkerCaches:
         from dsv4.knobs import ATTENTION_TILE_KNOBS
 
         attention = ("attention", *ATTENTION_TILE_KNOBS)
-        per_layer: dict[int, dict[str, Any]] = {}
-        for layer, knob, value in config.get("layer_overrides", []):
-            per_layer.setdefault(int(layer), {})[knob] = value
-        classes = self.layer_classes or ("all",)
-        keys = {("attention", cls, *(per_layer.get(i, {}).get(k, config[k]) for k in attention))
-                for i, cls in enumerate(classes)}
+        if self.layer_classes:
+            per_layer: dict[int, dict[str, Any]] = {}
+            for layer, knob, value in config.get("layer_overrides", []):
+                per_layer.setdefault(int(layer), {})[knob] = value
+            keys = {("attention", cls, *(per_layer.get(i, {}).get(k, config[k]) for k in attention))
+                    for i, cls in enumerate(self.layer_classes)}
+        else:  # the layers unknown: the attention knobs' whole assignment is one specialisation
+            keys = {("attention", *(effective(config, k) for k in attention))}
         keys |= {v for v in recompile_values(config) if v[0] not in attention}
         if step_compiled(config):  # Inductor generates kernels for the torch ops every knob chooses
             keys |= {(config["step_compile"], *v) for v in knob_values(config) if v[0] != "cuda_graphs"}

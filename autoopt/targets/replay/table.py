@@ -13,8 +13,11 @@ invalid configurations.
 A side-car YAML with the same stem (`grid.csv` -> `grid.restart.yaml`) may hold: objective,
 direction (maximize|minimize), unit (of the objective, e.g. ms), measure_s, profile_s, fail_s, noise, concurrency, baseline
 {knob: value}, restart_s {knob: seconds}, restart_class {knob: class}, buckets {knob: [bucket]},
-priors {knob: {value: speed-up of its buckets}}, apply_cost_s {restart class: seconds}, constraints
-[expressions, as in a space file], knobs [names]. Options given to the loader override it.
+priors {knob: {value: speed-up of its buckets}}, cuts {knob: [host|launches] or {value: [...]}} (as in a
+space file), apply_cost_s {restart class: seconds}, constraints
+[expressions, as in a space file], knobs [names], first_use_s {knob: {value: seconds}} (paid the first
+time any row with that value is visited: autoopt.targets.replay.target), budget_s (what `bench-search`
+gives a run on it by default). Options given to the loader override it.
 
 A side-car of `x.json.gz` is `x.restart.yaml`.
 """

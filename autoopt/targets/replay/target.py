@@ -6,7 +6,9 @@ table describes:
               worker in an unknown state: the next evaluation pays a fresh start, the largest
               restart_s); the very first evaluation pays a fresh start too
   compile     the row's compile_s, the first time that configuration is visited ("kernels compiled
-              before cost nothing")
+              before cost nothing"); plus the side-car's first_use_s {knob: {value: seconds}} the first
+              time any configuration with that value is (a compile whose cache every later one shares:
+              the first torch.compile of the whole step, say)
   measure     the row's measure_s (or the table's/option's default)
   profile     profile_s when the request asks for a profile
   failure     a configuration that fails (absent from the table, or a recorded error) costs its
@@ -27,7 +29,7 @@ from typing import Any
 
 from autoopt.measurement import Measurement, throughput_from_step_times
 from autoopt.targets.base import EvalRequest, KnobSpec, Transition
-from autoopt.targets.replay.table import ReplayTable, Row, load_table, match_value
+from autoopt.targets.replay.table import ReplayTable, Row, load_table, match_value, norm_value
 from autoopt.trial import RestartClass
 
 
@@ -63,6 +65,9 @@ class ReplayTarget:
         self._clock_s = 0.0
         self._built: dict[str, Any] | None = None  # None: nothing running (fresh start needed)
         self._visited: set[tuple[str, ...]] = set()
+        self.first_use_s = {(k, norm_value(v)): float(sec) for k, by in (meta.get("first_use_s") or {}).items()
+                            for v, sec in (by or {}).items()}
+        self._used: set[tuple[str, str]] = set()  # (knob, value) whose first use was paid
         self._keys: dict[tuple, tuple[str, ...] | None] = {}  # raw values -> table key (None: invalid)
         self.evaluations = 0
 
@@ -99,7 +104,7 @@ class ReplayTarget:
         key = self._key_or_none(to_config)
         cached = key is not None and key in self._visited
         row = self.table.rows.get(key) if key is not None else None
-        compile_s = 0.0 if cached or row is None else row.compile_s
+        compile_s = 0.0 if cached or row is None else row.compile_s + self._first_use(to_config)
         return Transition(restart_class=self._transition_class(changed), changed_knobs=tuple(changed),
                           cached=cached, known_s=restart + compile_s)
 
@@ -116,8 +121,9 @@ class ReplayTarget:
         costs[slot] += transition_s
         row = None if problem else self.table.rows.get(self.table.key(config))
         if row is not None and self.table.key(config) not in self._visited:
-            costs["compile"] += row.compile_s
+            costs["compile"] += row.compile_s + self._first_use(config)
             self._visited.add(self.table.key(config))
+            self._used |= {(k, norm_value(config[k])) for k in self.table.knobs}
         if problem or row is None or row.value is None:
             self._built = None
             costs["compile"] += self.fail_s
@@ -193,6 +199,13 @@ class ReplayTarget:
                 if config.get(k) != self._built.get(k) and  # the same value: no lookup needed
                 self.table.value_of(k, config.get(k)) != self._built.get(k)]
 
+    def _first_use(self, config: dict[str, Any]) -> float:
+        """Seconds of the first_use_s values in `config` not paid yet."""
+        if not self.first_use_s:
+            return 0.0
+        return sum(self.first_use_s.get((k, norm_value(config.get(k))), 0.0) for k in self.table.knobs
+                   if (k, norm_value(config.get(k))) not in self._used)
+
     def _restart_cost(self, changed: list[str]) -> float:
         return max((self.restart_s[k] for k in changed), default=0.0)
 
@@ -210,7 +223,7 @@ def from_spec(spec: str, **options: Any) -> ReplayTarget:
 
 
 def replay_space(target: ReplayTarget) -> Any:
-    """A SearchSpace over the table's knobs (every knob global), priors from the side-car YAML.
+    """A SearchSpace over the table's knobs (every knob global), priors and cuts from the side-car YAML.
 
     The space file format is the one `autoopt.space.space` reads; it is written to a temporary file and
     loaded through the public loader so a replay space validates exactly like any other.
@@ -234,6 +247,8 @@ def replay_space(target: ReplayTarget) -> Any:
         if speedup:
             prior["speedup"] = speedup
         body["prior"] = prior
+        if spec.name in (meta.get("cuts") or {}):  # the host time / launches its values cut
+            body["cuts"] = meta["cuts"][spec.name]
         knobs[spec.name] = body
     c = target.concurrency
     doc = {"name": f"replay_{target.table.path.stem}", "target": "replay", "device": "cpu",
