@@ -211,3 +211,55 @@ def test_forward_solve_solves_the_triangular_system(n):
     b = rng.normal(size=n)
     np.testing.assert_allclose(forward_solve(L, b), np.linalg.solve(L, b), rtol=1e-9, atol=1e-12)
 
+
+
+@pytest.mark.parametrize("table", [TABLES[1], TABLES[2]], ids=lambda p: p.name)
+def test_tpe_reusing_its_estimators_proposes_what_plain_tpe_does(table, monkeypatch):
+    """autoopt.search.sampler.tpe_sampler builds each Parzen estimator once per set of trials; the
+    rejected asks of one proposal reuse them. Every proposal of a replay run is what Optuna's own
+    TPESampler proposes, and the estimators are built fewer times than asked for."""
+    import optuna
+
+    import autoopt.search.sampler as sampler_mod
+    from autoopt.search.bench import run_one
+    from autoopt.targets.replay.table import load_table
+
+    orig = sampler_mod.SamplerStrategy.propose
+
+    def proposals(make):
+        monkeypatch.setattr(sampler_mod, "tpe_sampler", make)
+        made: list = []
+
+        def spy(self, ctx):
+            d = orig(self, ctx)
+            made.append(getattr(d, "params", None))
+            return d
+        monkeypatch.setattr(sampler_mod.SamplerStrategy, "propose", spy)
+        run_one(load_table(table), "tpe", 3, 3600.0, {})
+        return made
+
+    builds = []
+    real_build = optuna.samplers.TPESampler._build_parzen_estimator
+
+    def counting(self, *a, **kw):
+        builds.append(1)
+        return real_build(self, *a, **kw)
+    monkeypatch.setattr(optuna.samplers.TPESampler, "_build_parzen_estimator", counting)
+    reusing = proposals(sampler_mod.tpe_sampler)
+    n_reusing = len(builds)
+    builds.clear()
+    plain = proposals(lambda **kw: optuna.samplers.TPESampler(**kw))
+    assert reusing == plain and len(reusing) > 40
+    assert n_reusing < len(builds)
+
+
+def test_config_key_memo_keys_values_of_equal_hash_apart():
+    """SearchSpace.config_key is memoised on the values with their types: 1 and True hash alike."""
+    space = replay_space(ReplayTarget(TABLES[0]))
+    base = space.baseline_params()
+    name = space.params[0].name
+    assert space.config_key(base) == space.config_key(dict(base))
+    as_true = dict(base, **{name: True})
+    space.params_to_config = lambda params, real=space.params_to_config: real(dict(params))
+    first = space.config_key(base | {name: 1})
+    assert space.config_key(as_true) != first  # "true" vs 1 in the key, never the memo's first answer

@@ -53,6 +53,7 @@ class SearchLoop:
         self.run_id = run_id
         self.costs = CostModel(space, default_measure_s=min(60.0, 0.1 * budget.total_s))
         self.history: list[TrialOutcome] = []
+        self._best_memo: tuple[tuple, TrialOutcome | None] = ((), None)  # (history state, its best)
         self.trials: list[TrialOutcome] = []
         self.built_params: dict[str, Any] | None = None  # what the target has built (None: nothing)
         self._measuring = False
@@ -224,13 +225,11 @@ class SearchLoop:
     # ---- one trial -----------------------------------------------------------------------------
     def _context(self) -> SearchContext:
         return SearchContext(space=self.space, target=self.target, history=list(self.history),
-                             budget_left_s=self.budget.left_s, reserve_s=self.budget.reserve_s,
-                             built_params=self.built_params, costs=self.costs,
-                             objective_name=self.space.objective.describe())
+                             budget_left_s=self.budget.left_s, reserve_s=self.budget.reserve_s, costs=self.costs,
+                             built_params=self.built_params, objective_name=self.space.objective.describe())
 
     def _estimate(self, decision: Decision, config: dict[str, Any]) -> Transition:
-        """Set the decision's one cost estimate (the target's facts about the switch, the model's
-        seconds); returns the facts."""
+        """Set the decision's one cost estimate (the target's facts, the model's seconds); the facts."""
         transition = self.target.transition(config)
         decision.expected_cost = self.costs.estimate(self.built_params, decision.params, transition)
         return transition
@@ -326,13 +325,18 @@ class SearchLoop:
     def _best(self) -> TrialOutcome | None:
         """The rule of `autoopt best` on every finished trial this loop knows of, confirmations
         included (as the store holds them), at the objective's concurrency (the heaviest of a mix)."""
+        state = (id(self.history), len(self.history), len(self.trials), self._baseline_number)
+        if self._best_memo[0] == state:  # asked ~3 times a trial
+            return self._best_memo[1]
         weights = self.space.objective.weights
         finished = self.history + [t for t in self.trials
                                    if t.decision is not None and t.decision.kind is DecisionSource.CONFIRM]
         base = self._baseline()
         if base is not None:  # only figures of this session are compared with its baseline
             finished = [t for t in finished if t.number >= base.number]
-        return incumbent.best_of(finished, base, max(weights, key=weights.get))
+        best = incumbent.best_of(finished, base, max(weights, key=weights.get))
+        self._best_memo = (state, best)
+        return best
 
     def _set_reserve(self) -> None:
         """Keep back what confirming the best will cost from where the next trial leaves the worker."""

@@ -100,6 +100,7 @@ class SearchSpace:
         self._parse()
         self.params: list[ParamDef] = self._make_params()
         self.param_by_name = {p.name: p for p in self.params}
+        self._keys: dict[tuple, str] = {}  # config_key's memo: a search asks for it ~400 times a trial
         # knob names (any the target declares) and this space's parameter names (knob@c4, knob@L3)
         self._parse_constraints(self.doc.data, {s.name for s in self.info.knob_specs} | set(self.param_by_name))
 
@@ -301,8 +302,19 @@ class SearchSpace:
         return cfg
 
     def config_key(self, params: dict[str, Any]) -> str:
-        """A canonical text of the config these params build (equal keys: same code paths)."""
-        return json.dumps(self.params_to_config(params), sort_keys=True, default=str)
+        """A canonical text of the config these params build (equal keys: same code paths).
+        Memoised on the values with their types (1, 1.0 and True hash alike but key apart)."""
+        try:
+            memo = tuple((type(params[p.name]), params[p.name]) for p in self.params)
+            key = self._keys.get(memo) if len(params) == len(self.params) else None
+        except (KeyError, TypeError):  # another space's params, or an unhashable value: no memo
+            memo = key = None
+        if key is None:
+            key = json.dumps(self.params_to_config(params), sort_keys=True, default=str)
+            if memo is not None and len(params) == len(self.params):
+                self._keys = {} if len(self._keys) > 100_000 else self._keys
+                self._keys[memo] = key
+        return key
 
     def layer_values(self, config: dict[str, Any], layer: int) -> dict[str, Any]:
         """Knob values in effect on `layer` under `config`."""

@@ -30,6 +30,7 @@ import numpy as np
 from autoopt.search.agent.buckets import BucketModel
 from autoopt.search.agent.view import SpaceView
 from autoopt.search.agent.repair import constraint_repairs
+from autoopt.search.sampler import tpe_sampler
 
 SAMPLERS = ("tpe", "gp", "random")
 SCAN_ALL = 4096  # spaces up to this size are scanned whole
@@ -67,7 +68,7 @@ class SamplerMirror:
         elif self.sampler == "random":
             s = optuna.samplers.RandomSampler(seed=self.seed)
         else:
-            s = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=self.n_startup, multivariate=True)
+            s = tpe_sampler(seed=self.seed, n_startup_trials=self.n_startup, multivariate=True)
         return optuna.create_study(direction="maximize", sampler=s)
 
     def sync(self, trials: list[tuple[np.ndarray, float | None]]) -> None:
