@@ -5,6 +5,9 @@
 # keeps such a process while the machine is held) and the next calls follow it:
 #   bash benchmarks/h200_record.sh start    # start the recording, follow it for WAIT_S (default 565)
 #   bash benchmarks/h200_record.sh wait     # follow it for WAIT_S more (again until it has ended)
+#   PASS=2 bash benchmarks/h200_record.sh start   # the second pass, in a new process, then `PASS=2 ... wait`
+# Then, here: python benchmarks/merge_decode_passes.py PASS1.recording.csv PASS2.recording.csv
+#   --side-car PASS1.restart.yaml --out benchmarks/data/h200_flash_decode (the noise between processes).
 # Send each next call at once: a machine idle for 30 s is handed back, and the recording with it.
 # Every call copies what exists so far into $OUT (the recording, the per-row what-ran lines, the log,
 # and once it has ended the replay table and its side-car); copy them to benchmarks/data/.
@@ -13,7 +16,8 @@
 # On a CPU: LIVE=/tmp/rec OUT=/tmp/out DEVICE=cpu PRESET=tiny WAIT_S=30 bash benchmarks/h200_record.sh start
 set -uo pipefail
 OUT=${OUT:-/tmp/autoopt-out}; LIVE=${LIVE:-/tmp/autoopt-record}; mkdir -p "$OUT" "$LIVE"
-WAIT_S=${WAIT_S:-565}; LIMIT_S=${LIMIT_S:-1400}; NAME=h200_flash_decode
+WAIT_S=${WAIT_S:-565}; LIMIT_S=${LIMIT_S:-1400}; NAME=h200_flash_decode; PASS=${PASS:-1}
+REC=$LIVE/pass$PASS; mkdir -p "$REC"
 
 if [ ! -d "$LIVE/src" ]; then  # the code of the first call: later calls re-send the tree
   mkdir -p "$LIVE/src" && tar --exclude=./.git --exclude=./.whl --exclude=./.venv --exclude=./db -cf - . | tar -C "$LIVE/src" -xf -
@@ -22,24 +26,24 @@ fi
 export PYTHONPATH=$LIVE/src:$LIVE/src/kernels PYTHONUNBUFFERED=1
 cd "$LIVE/src" || exit 1
 
-running() { [ -f "$LIVE/pid" ] && kill -0 "$(cat "$LIVE/pid")" 2>/dev/null; }
+running() { [ -f "$REC/pid" ] && kill -0 "$(cat "$REC/pid")" 2>/dev/null; }
 
 case "${1:-}" in
   start)
-    running && { echo "already recording (pid $(cat "$LIVE/pid"))"; exit 2; }
+    running && { echo "already recording (pid $(cat "$REC/pid"))"; exit 2; }
     # a CUDA fault ends the process with 3 (its row recorded as failed): the next one resumes after it
     deadline=$(( $(date +%s) + LIMIT_S ))
     setsid timeout $((LIMIT_S + 400)) bash -c 'for i in 1 2 3 4; do
         python3 benchmarks/record_decode_table.py --out "$0/'"$NAME"'" --device "${DEVICE:-cuda}" \
-            --preset "${PRESET:-flash-slice}" --deadline "$1"; [ $? = 3 ] || break; done' "$LIVE" "$deadline" \
-        > "$LIVE/record.log" 2>&1 < /dev/null &
-    echo $! > "$LIVE/pid"; echo "recording started (pid $(cat "$LIVE/pid")) at $(date -u +%T)" ;;
+            --preset "${PRESET:-flash-slice}" --limit-s '"$LIMIT_S"' --deadline "$1"; [ $? = 3 ] || break; done' \
+        "$REC" "$deadline" > "$REC/record.log" 2>&1 < /dev/null &
+    echo $! > "$REC/pid"; echo "recording pass $PASS started (pid $(cat "$REC/pid")) at $(date -u +%T)" ;;
   wait) ;;
   *) echo "usage: $0 start|wait"; exit 2 ;;
 esac
 DEADLINE=$((SECONDS + WAIT_S))
 while running && [ "$SECONDS" -lt "$DEADLINE" ]; do sleep 5; done
 running && echo "still recording at $(date -u +%T)" || echo "recording ended at $(date -u +%T)"
-grep -v "Warning\|warnings.warn\|^ *$\|softmax\|^split the\|important use" "$LIVE/record.log" | tail -25
-for f in "$LIVE/$NAME".* "$LIVE/record.log" "$LIVE/gpu.txt"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+grep "^\[record\]" "$REC/record.log" | tail -25
+for f in "$REC/$NAME".* "$REC/record.log" "$LIVE/gpu.txt"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
 ls -la "$OUT"
