@@ -52,3 +52,30 @@ def test_two_runs_on_the_same_study(tmp_path):
     assert any(r.is_baseline and r.state == "ok" for r in rows)
     assert len({r.run_id for r in rows}) == 2
     assert [r.state for r in runs(db, "same")] == ["finished", "finished"]
+
+
+def test_opening_waits_for_a_writer_of_a_database_not_yet_in_wal(tmp_path):
+    """A second run opening a fresh database while the first holds its write lock, still in rollback
+    mode: SQLite refuses the switch to WAL at once ("database is locked", no busy handler), which
+    failed one CI run of the test above. The open waits for the lock instead."""
+    import sqlite3
+    import threading
+    import time
+
+    from autoopt.store.db import make_engine, ping
+
+    path = tmp_path / "fresh.sqlite"
+    with sqlite3.connect(path, isolation_level=None) as setup:
+        setup.execute("CREATE TABLE t (x)")  # a database in rollback (delete) journal mode
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("INSERT INTO t VALUES (1)")
+    threading.Timer(0.5, lambda: writer.execute("COMMIT")).start()
+    t0 = time.monotonic()
+    engine = make_engine(f"sqlite:///{path}", busy_timeout_s=10)
+    ping(engine, f"sqlite:///{path}")
+    assert time.monotonic() - t0 >= 0.4  # it waited for the writer, then switched
+    engine.dispose()
+    writer.close()
+    with sqlite3.connect(path) as check:
+        assert check.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

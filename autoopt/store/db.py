@@ -11,6 +11,9 @@ waits up to `busy_timeout_s` for a lock, and autoopt's write transactions start 
 from __future__ import annotations
 
 import contextlib
+import random
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -74,13 +77,27 @@ def _sqlite_pragmas(dbapi_conn: Any, busy_timeout_s: float) -> None:
     cur = dbapi_conn.cursor()
     try:
         cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        mode = cur.execute("PRAGMA journal_mode").fetchone()[0]
-        if str(mode).lower() != "wal":
-            cur.execute("PRAGMA journal_mode = WAL")
+        _switch_to_wal(cur, busy_timeout_s)
         cur.execute("PRAGMA synchronous = NORMAL")
         cur.execute("PRAGMA foreign_keys = ON")
     finally:
         cur.close()
+
+
+def _switch_to_wal(cur: Any, timeout_s: float) -> None:
+    """WAL, retried until `timeout_s`: switching needs the exclusive lock, and while another connection
+    holds the write lock of a database still in rollback mode (two runs creating a fresh file at
+    once), SQLite answers at once with "database is locked" instead of calling the busy handler."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02 + 0.05 * random.random())  # apart from the other process's retries
 
 
 def make_engine(url: str, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
