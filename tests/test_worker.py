@@ -11,6 +11,7 @@ import time
 import pytest
 
 from autoopt.environment import fingerprint, same_machine
+from autoopt.targets.builtin.limits import release_cached_memory
 from autoopt.targets.builtin.worker import RestartRequired, classify
 from autoopt.targets.builtin.client import WorkerClient, WorkerFailure
 from conftest import HAS_CUDA, requires_cuda
@@ -170,3 +171,22 @@ def test_fingerprint_from_the_worker_and_same_machine(worker):
     same, diffs = same_machine(env, other)
     assert not same and len(diffs) == 2
     assert any(d.startswith("gpu_name: ") and "RTX PRO 6000" in d for d in diffs)
+
+
+def test_release_cached_memory_is_a_no_op_off_cuda():
+    assert release_cached_memory("cpu") == {}
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_release_cached_memory_gives_freed_blocks_back_to_the_driver():
+    """A freed tensor stays reserved in PyTorch's cache, where another process cannot use it, until
+    the worker releases it after the measurement."""
+    import torch
+
+    x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    del x
+    held = torch.cuda.memory_reserved()
+    memory = release_cached_memory("cuda")
+    assert memory["reserved_bytes_before"] == held >= 256 * 2**20
+    assert memory["reserved_bytes_after"] <= held - 256 * 2**20

@@ -39,7 +39,7 @@ import traceback
 from typing import Any, Callable, TextIO
 
 from autoopt.targets.builtin.client import COMPILE_CACHE_ENV
-from autoopt.targets.builtin.limits import DoesNotFit, host_available_bytes, memory_refusal
+from autoopt.targets.builtin.limits import DoesNotFit, host_available_bytes, memory_refusal, release_cached_memory
 
 _T0 = time.perf_counter()  # interpreter start (close enough): startup cost includes the torch import
 
@@ -222,6 +222,9 @@ def _handle(state: WorkerState, req: dict[str, Any]) -> Any:
         _refuse_if_too_large(state, req)
         doc = measure_request(state, req)
         doc.setdefault("what_ran", {})["compile_cache"] = compile_cache_text()
+        memory = release_cached_memory(state.device)
+        if memory:
+            doc["what_ran"]["gpu_memory"] = memory
         return doc
     if op == "reset":
         state.drop_sessions()
