@@ -67,17 +67,29 @@ def replay(records: list, space, target: BuiltinTarget) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--db", required=True)
+def study_parser(description: str, out_name: str) -> argparse.ArgumentParser:
+    """The options of a replay over a recorded study (this script's and failure_replay.py's)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--db", required=True, help="database URL or SQLite path")
     ap.add_argument("--study", required=True)
     ap.add_argument("--space", default="dsv4_flash_decode")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / out_name)
+    return ap
+
+
+def finished_records(db: str, study: str) -> list:
+    """The study's trials that finished (ok, wrong or failed), in order, interrupted ones left out."""
+    url = db if "://" in db else f"sqlite:///{db}"
+    with open_for_reading(url) as store:
+        return [r for r in store.trials(study, ("ok", "wrong", "failed"), with_samples=False)
+                if not interrupted(r)]
+
+
+def main() -> None:
+    ap = study_parser(__doc__.split("\n\n")[0], "cost_replay.json")
     ap.add_argument("--preset", default="flash-slice", help="the builtin target's preset the study ran")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "cost_replay.json")
     args = ap.parse_args()
-    with open_for_reading(args.db) as store:
-        records = [r for r in store.trials(args.study, ("ok", "wrong", "failed"), with_samples=False)
-                   if not interrupted(r)]
+    records = finished_records(args.db, args.study)
     rows = replay(records, load_declared(args.space), BuiltinTarget(args.preset, "cuda"))
     summary = {}
     print(f"{'run':>4} {'trials':>7} {'this tree within 50%':>22} {'as the run predicted':>22}")

@@ -12,7 +12,6 @@ The live H200 studies it is meant for (benchmarks/results/h200_live_10m*) are de
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,9 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 from _meta import machine_meta  # noqa: E402
+from cost_replay import finished_records, study_parser  # noqa: E402
 from autoopt.search.agent.strategy import AgentStrategy  # noqa: E402
-from autoopt.search.resume import interrupted, outcome_from_record  # noqa: E402
-from autoopt.store.reading import open_for_reading  # noqa: E402
+from autoopt.search.resume import outcome_from_record  # noqa: E402
 from autoopt.targets.declared import load_declared  # noqa: E402
 
 SEEN_COMING = 0.5
@@ -50,16 +49,8 @@ def replay(records: list, space) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--db", required=True)
-    ap.add_argument("--study", required=True)
-    ap.add_argument("--space", default="dsv4_flash_decode")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "failure_replay.json")
-    args = ap.parse_args()
-    db = args.db if "://" in args.db else f"sqlite:///{args.db}"
-    with open_for_reading(db) as store:
-        records = [r for r in store.trials(args.study, ("ok", "wrong", "failed"), with_samples=False)
-                   if not interrupted(r)]
+    args = study_parser(__doc__.split("\n\n")[0], "failure_replay.json").parse_args()
+    records = finished_records(args.db, args.study)
     rows = replay(records, load_declared(args.space))
     print(f"{'trial':>6} {'run':>4} {'odds as run':>12} {'odds now':>9}")
     for r in rows:
