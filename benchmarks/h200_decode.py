@@ -14,7 +14,9 @@ The table is printed last.
 --passes N measures the rows N times in one process, every other pass in reverse order (A B, B A,
 ...): rows measured later in a process read slower (the live check's re-measure of 2026-12-02 put one
 configuration at 385.7 tok/s at C=1 as a second row and at 446.7 as a first), so a comparison of two
-rows needs both orders. It prints each row's weighted mix (--weights, the flash space's objective by
+rows needs both orders. The cause found since: the first row's profile left CUPTI attached, and every
+later launch paid for it; the script now sets TEARDOWN_CUPTI=1 before torch is imported (recorded as
+"teardown_cupti" in the JSON; benchmarks/profiler_aftereffect.py measures the effect). It prints each row's weighted mix (--weights, the flash space's objective by
 default) per pass, their median, and that median over the first row's.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -230,6 +233,9 @@ def main() -> None:
                     help="C:weight,... of the weighted geometric mix the passes summary reports")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "h200_decode.json"))
     args = ap.parse_args()
+    # Before torch: Kineto reads it. Without it CUPTI stays attached after the first row's profile
+    # and every later row reads slower (benchmarks/profiler_aftereffect.py); a value set is kept.
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
     import torch
 
@@ -258,7 +264,7 @@ def main() -> None:
     state = WorkerState(args.device)
     result = {"benchmark": "h200_decode", "machine": machine_meta(), "preset": args.preset,
               "shape_overrides": shape, "concurrency": conc, "profile_concurrency": profile_c,
-              "configs": {}}
+              "teardown_cupti": os.environ.get("TEARDOWN_CUPTI"), "configs": {}}
     base = None
     for n in range(args.passes):
         for item in (todo if n % 2 == 0 else todo[::-1]):

@@ -190,3 +190,28 @@ def test_release_cached_memory_gives_freed_blocks_back_to_the_driver():
     memory = release_cached_memory("cuda")
     assert memory["reserved_bytes_before"] == held >= 256 * 2**20
     assert memory["reserved_bytes_after"] <= held - 256 * 2**20
+
+
+def _tiny_measure(client: WorkerClient, profile: bool) -> dict:
+    return client.request("measure", timeout_s=300, preset="tiny", config={}, concurrency=[1], guard=False,
+                          min_samples=3, max_samples=3, warmup_steps=1, warmup_min_s=0.0,
+                          profile=profile, profile_steps=2)
+
+
+@pytest.mark.parametrize("user_value", [None, "0"])
+def test_the_worker_tears_cupti_down_after_a_profile_and_says_how_many_preceded(user_value):
+    """A profile left CUPTI attached and every later launch slower (8-20 % on the H200): the client
+    asks Kineto to tear it down unless the user chose otherwise, and each measurement says how many
+    profiles ran before it in its worker and under which setting."""
+    env = dict(os.environ)
+    env.pop("TEARDOWN_CUPTI", None)
+    if user_value is not None:
+        env["TEARDOWN_CUPTI"] = user_value
+    with WorkerClient("cpu", env=env, startup_timeout_s=120) as w:
+        first = _tiny_measure(w, profile=True)
+        second = _tiny_measure(w, profile=False)
+    expected = user_value or "1"
+    assert first["status"] == second["status"] == "ok"
+    assert first["what_ran"]["measure.profiled_before"] == \
+        f"0 torch.profiler session(s) earlier in this worker; TEARDOWN_CUPTI={expected}"
+    assert second["what_ran"]["measure.profiled_before"].startswith("1 torch.profiler session(s)")

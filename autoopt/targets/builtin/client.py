@@ -40,6 +40,9 @@ COMPILE_CACHE_ENV = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CA
 _OPEN_CLIENTS: "weakref.WeakSet[WorkerClient]" = weakref.WeakSet()
 
 
+CUPTI_TEARDOWN_ENV = "TEARDOWN_CUPTI"  # read by Kineto (torch.profiler's back-end)
+
+
 def with_compile_cache(env: dict[str, str] | None, directory: Path) -> dict[str, str]:
     """`env` (None: this process's) with Inductor's and Triton's on-disk caches under `directory`
     (made here), so the workers started with it reuse what earlier ones compiled there. A cache
@@ -102,6 +105,14 @@ class WorkerClient:
         Raises WorkerFailure when it dies or hangs before answering."""
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # torch.profiler leaves CUPTI attached after a profile unless Kineto is told to finalize it:
+        # every later kernel launch in the process pays its callbacks. On the H200 the worker that
+        # profiled read 8-20 % slower than its twin on every later trial (h200_live_10m runs 5-7;
+        # benchmarks/profiler_aftereffect.py measures it). A value the user set is kept; an empty
+        # one leaves the choice to Kineto's own default.
+        env.setdefault(CUPTI_TEARDOWN_ENV, "1")
+        if not env[CUPTI_TEARDOWN_ENV]:
+            del env[CUPTI_TEARDOWN_ENV]
         env[PARENT_PID_ENV] = str(os.getpid())
         t0 = time.perf_counter()
         # A new session: the worker and anything it spawns (Triton compilers) form one process

@@ -5,6 +5,7 @@ How it is timed (warm-up, samples, stop rules, MBU) is autoopt.targets.builtin.m
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ class SessionSource(Protocol):
     device: str
     bandwidth: dict[str, Any] | None  # measured once per worker
     env: dict[str, Any] | None  # fingerprint, computed once per worker
+    profiles: int  # torch.profiler sessions run in this worker so far
 
     def session_for(self, config: Any, batch: int) -> tuple[Any, str, float]:
         """(dsv4 DecodeSession, how it was applied, seconds it took)."""
@@ -107,6 +109,7 @@ def measure_request(state: SessionSource, raw: dict[str, Any]) -> dict[str, Any]
         if roof is not None:  # c / tok_per_s = median step seconds
             mbu[str(c)] = roof / (c / tok_per_s[str(c)].median) / bw["bytes_per_s"]
     what_ran.update(_what_ran(sessions, req, state.device, bw, notes, peak.method))
+    what_ran["measure.profiled_before"] = profiled_before(state.profiles)
     m = Measurement(status="wrong" if wrong else "ok", config=config_doc, tok_per_s=tok_per_s, mbu=mbu,
                     correctness=correctness, peak_memory_bytes=peak.peak_bytes(), what_ran=what_ran,
                     environment=env)
@@ -115,10 +118,18 @@ def measure_request(state: SessionSource, raw: dict[str, Any]) -> dict[str, Any]
         sess = sessions.get(pc) or state.session_for(config, pc)[0]
         t0 = time.perf_counter()
         sess.reset()  # the profile sees the same context length as the timed steps
+        state.profiles += 1
         _profile_into(m, sess, pc, state.device, req.profile_steps)
         costs["profile"] = time.perf_counter() - t0
     m.costs_s = _total(costs)
     return m.to_dict()
+
+
+def profiled_before(profiles: int) -> str:
+    """What may have slowed this worker's timing: a profile leaves CUPTI's callbacks on every later
+    launch unless Kineto tears CUPTI down (autoopt.targets.builtin.client sets TEARDOWN_CUPTI=1)."""
+    teardown = os.environ.get("TEARDOWN_CUPTI", "unset")
+    return f"{profiles} torch.profiler session(s) earlier in this worker; TEARDOWN_CUPTI={teardown}"
 
 
 def _environment(state: SessionSource, bw: dict[str, Any]) -> dict[str, Any]:

@@ -66,6 +66,7 @@ class WorkerState:
         self.compiled: set[tuple] = set()  # recompile-class knob values JIT'ed in this process
         self.bandwidth: dict[str, Any] | None = None  # measured once (autoopt.targets.builtin.measure)
         self.env: dict[str, Any] | None = None  # fingerprint, computed once
+        self.profiles = 0  # torch.profiler sessions run here (what_ran["measure.profiled_before"])
 
     def session_for(self, config: Any, batch: int) -> tuple[Any, str, float]:
         """A session for `config` at `batch`: (session, how it was applied, seconds it took).
