@@ -23,6 +23,7 @@ import csv
 import itertools
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -239,7 +240,7 @@ def write_side_car(out: Path, rows: list[dict[str, Any]], conc: list[int], prese
         "guard": f"run on {sum(1 for r in rows if r.get('metric_guard'))} of {len(rows)} rows (every "
                  "step_compile row and every Nth other); the rest carry its median seconds in measure_s "
                  "(csv: metric_guard empty)",
-        "machine": machine_meta(),
+        "machine": machine_meta(), "teardown_cupti": os.environ.get("TEARDOWN_CUPTI"),
     }
     with open(out.with_suffix(".restart.yaml"), "w") as f:
         f.write("# Recorded by benchmarks/record_decode_table.py (see its docstring); restart_s are "
@@ -289,6 +290,9 @@ def main() -> None:
                     help="run the correctness guard on every Nth row (and on every step_compile row); the "
                          "others get its median seconds added to measure_s, and the side-car says so")
     args = ap.parse_args()
+    # Before torch: without it every row after the first profile reads slower, host-bound rows most
+    # (benchmarks/profiler_aftereffect.py). benchmarks/data/h200_flash_decode was recorded without it.
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
     from autoopt.targets.builtin.worker import WorkerState
 
     out = Path(args.out)
