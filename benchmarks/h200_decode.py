@@ -259,7 +259,9 @@ def main() -> None:
 
         for path in args.best:
             loaded = load_config_file(path)
-            todo = todo + [(f"best (autoopt run: {Path(path).name})", dict(loaded.knobs),
+            # the folder too: two runs' config2.yaml must not share a row (they did once, 2026-12-05)
+            named = f"{Path(path).parent.name}/{Path(path).name}" if Path(path).parent.name else Path(path).name
+            todo = todo + [(f"best (autoopt run: {named})", dict(loaded.knobs),
                             loaded.layer_overrides)]
     state = WorkerState(args.device)
     result = {"benchmark": "h200_decode", "machine": machine_meta(), "preset": args.preset,
