@@ -5,7 +5,10 @@ Why two processes: the same configuration timed in fresh workers on the 2-core C
 555 tok/s, while each worker's own CI (about ten steps) said ±1 %; on the H200 a confirmation in
 another process measured a configuration 41 % faster than its trial had. What differs from process
 to process (memory placement, thread placement, allocator and clock state, a neighbour's load) is
-invisible inside one, so a CI from one process overstates what is known.
+invisible inside one, so a CI from one process overstates what is known. Part of the H200's scatter
+between processes was of our making: the first worker runs the profiles, and until CUPTI was torn
+down after each (autoopt.targets.builtin.client) it read 8-20 % below its twin on every later trial;
+with the teardown the two read within 1 % (live run 8).
 
 Why not interleaved A/B rounds against the incumbent in one worker instead: they cancel drift over
 time, but both sides share the one process, so its own offset stays in every ratio; and they need
