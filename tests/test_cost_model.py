@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autoopt.search.cost import CostModel
-from autoopt.targets.base import Transition
+from autoopt.targets.base import EvalRequest, Transition
 from autoopt.targets.replay.target import ReplayTarget, replay_space
 from autoopt.trial import TrialResult
 
@@ -246,3 +246,33 @@ def test_the_confirmation_reserve_is_the_way_back_to_the_best_not_the_dearest_sw
     assert cm.confirm_reserve_s(base, glue, warm) == pytest.approx(10.0 + 20.0)
     # a worker that never compiled the best's glue must compile it cold to go back
     assert cm.confirm_reserve_s(base, glue, cold) == pytest.approx(10.0 + 150.0)
+
+
+def test_a_table_prices_its_own_fresh_start_after_an_invalid_row(tmp_path):
+    """A recorded table knows what starting a configuration costs (its restart seconds and the row's
+    compile), and its fresh starts never teach `start_obs`: after an invalid row the estimate is the
+    table's figure, not the space's restart prior (on `dedispersion_A100` every candidate after a
+    failure was predicted at 30 s, took 0.5 s, and the agent stopped itself on the 30 s)."""
+    path = tmp_path / "kt.csv"
+    path.write_text("a,b,time,compile_s\n1,1,10,0.2\n1,2,9,0.2\n2,1,8,0.3\n")  # (2, 2) absent: invalid
+    target = ReplayTarget(path, measure_s=2.0)
+    space = replay_space(target)
+    cm = CostModel(space)
+    base = space.baseline_params()
+    target.evaluate(EvalRequest(config=dict(base), concurrency=(1,), min_samples=3))
+    one = params(space, b=2)
+    before = target.now()
+    facts = target.transition(one)
+    cm.observe(base, one, took(facts.known_s, 2.0), cm.estimate(base, one, facts))
+    target.evaluate(EvalRequest(config=dict(one), concurrency=(1,), min_samples=3))
+    assert target.now() - before == pytest.approx(0.2 + 2.0)  # the switch compiles the row: 0.2 s
+    failed = target.evaluate(EvalRequest(config={"a": 2, "b": 2}, concurrency=(1,), min_samples=3))
+    assert failed.status == "failed"  # nothing runs now: the next trial is a fresh start
+    other = params(space, a=2)
+    facts = target.transition(other)
+    assert facts.known_s == pytest.approx(0.3) and cm.start_s() >= 10 * facts.known_s  # the prior would be far off
+    estimate = cm.estimate(None, other, facts)
+    assert estimate.transition_s == pytest.approx(0.3)
+    before = target.now()
+    target.evaluate(EvalRequest(config=dict(other), concurrency=(1,), min_samples=3))
+    assert target.now() - before == pytest.approx(estimate.transition_s + 2.0)

@@ -19,8 +19,10 @@ Figures per table and strategy:
   calib     the share of the strategy's trials whose measured gain fell inside the 95% interval it
             predicted for them (strategies that predict: the agent's `pred_log` / `pred_sd` notes,
             log objective over the baseline's); failed trials are not counted.
-  cost      the share of trials whose transition seconds the loop's one cost model predicted within
-            50% (or within COST_FLOOR_S: a sub-second miss is no miss on the clock).
+  cost      the share of the trials that ran (ok or wrong) whose transition seconds the loop's one cost
+            model predicted within 50% of the prediction (or half a second): the run summary's rule
+            (autoopt.search.run_types.transition_within). Failed trials are not counted: a failure may
+            end before its transition does, and what it took is the failure's.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from autoopt.search.memory_store import MemoryStore
+from autoopt.search.run_types import transition_seconds, transition_within
 from autoopt.targets.replay.target import ReplayTarget, replay_space
 from autoopt.targets.replay.table import ReplayTable, load_table
 from autoopt.trial import DecisionSource
@@ -39,8 +42,6 @@ from autoopt.units import format_duration
 
 DEFAULT_STRATEGIES = ("agent", "tpe", "random", "grid")
 WITHIN = 0.01
-COST_WITHIN = 0.5
-COST_FLOOR_S = 0.5
 Z95 = 1.96
 
 
@@ -80,11 +81,10 @@ class _ReachObserver:
         d = outcome.decision
         if d is None:
             return
-        est = d.expected_cost
-        if est is not None and d.kind is not DecisionSource.BASELINE:
-            miss = abs(est.transition_s - outcome.result.transition_s)
+        pair = transition_seconds(outcome) if d.kind is not DecisionSource.BASELINE else None
+        if pair is not None:
             self.cost_n += 1
-            self.cost_within += miss <= max(COST_WITHIN * outcome.result.transition_s, COST_FLOOR_S)
+            self.cost_within += transition_within(*pair)
         if self._base_log is None and baseline is not None and baseline.objective:
             self._base_log = math.log(baseline.objective)
         notes = d.notes or {}

@@ -144,8 +144,12 @@ class CostModel:
         if known is not None and known > 0.5:
             ratios = self.known_ratio.get(cls.value)
             seconds = known * (statistics.median(ratios) if ratios else 1.0)
-        elif known is not None and not observed:
-            seconds = known  # the target says (nearly) free and nothing contradicts it yet
+        elif known is not None and (not observed or built is None):
+            # the target says (nearly) free and nothing contradicts it yet; or a fresh start, which a
+            # target that knows its seconds prices itself (its fresh starts never teach `start_obs`:
+            # a Kernel Tuner cache's start after an invalid row was predicted at the 30 s restart
+            # prior for every candidate, took 0.5 s, and the run stopped itself on the 30 s)
+            seconds = known
         elif live:
             seconds = (statistics.median(self.relaunch_obs) if self.relaunch_obs
                        else max((self._param_s(i, True) for i in changed), default=0.0))
