@@ -11,6 +11,9 @@
 # Send each next call at once: a machine idle for 30 s is handed back, and the run in flight with it
 # (a session lost run 1 that way while editing between calls).
 #   bash benchmarks/h200_live.sh finish    # until the run in flight ends; export; no resume
+# A study recorded earlier (its h200.sqlite and config1.yaml) is resumed on a fresh machine by
+#   RESUME_FROM=benchmarks/results/h200_live_10m_run8 bash benchmarks/h200_live.sh wait
+# (refused unless nvidia-smi names RESUME_GPU, default H200: a study's trials must share a card).
 # `table` first follows the run in flight to its end (and exports it), so `start` then `table` is the
 # from-empty check without its resume in two calls (a machine handed back between calls takes the
 # study with it).
@@ -31,6 +34,10 @@ setup() {
     [ -n "${NO_WHEELS:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$LIVE/site" .whl/*.whl || exit 1
     mkdir -p "$LIVE/src" && tar --exclude=./.git --exclude=./.whl --exclude=./.venv --exclude=./db -cf - . | tar -C "$LIVE/src" -xf -
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,compute_cap --format=csv > "$LIVE/gpu.txt"
+    if [ -n "${RESUME_FROM:-}" ]; then  # a committed study's run 1: the next `wait` resumes it here
+      grep -q "${RESUME_GPU:-H200}" "$LIVE/gpu.txt" || { echo "RESUME_FROM: $(tail -1 "$LIVE/gpu.txt") is not the study's ${RESUME_GPU:-H200}"; exit 2; }
+      cp "$RESUME_FROM/h200.sqlite" "$RESUME_FROM/config1.yaml" "$LIVE/" && echo done1 > "$LIVE/finished" || exit 1
+    fi
   fi
   export PYTHONPATH=$LIVE/site:$LIVE/src:$LIVE/src/kernels PYTHONUNBUFFERED=1
   cd "$LIVE/src" || exit 1
