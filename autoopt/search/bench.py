@@ -19,10 +19,10 @@ Figures per table and strategy:
   calib     the share of the strategy's trials whose measured gain fell inside the 95% interval it
             predicted for them (strategies that predict: the agent's `pred_log` / `pred_sd` notes,
             log objective over the baseline's); failed trials are not counted.
-  cost      the share of the trials that ran (ok or wrong) whose transition seconds the loop's one cost
-            model predicted within 50% of the prediction (or half a second): the run summary's rule
-            (autoopt.search.run_types.transition_within). Failed trials are not counted: a failure may
-            end before its transition does, and what it took is the failure's.
+  cost      the share of the trials that ran (ok or wrong; not the baseline, common to every strategy)
+            whose transition seconds the loop's one cost model predicted within 50% of the prediction
+            (or half a second): the run summary's rule (autoopt.search.run_types.transition_within).
+            Failed trials are not counted: a failure may end before its transition does.
 """
 from __future__ import annotations
 
