@@ -75,6 +75,21 @@ def test_select_best_needs_a_gain_outside_the_noise():
         an.select_best([noisy, solid], None, 16)
 
 
+def test_select_best_across_runs_compares_tok_s_on_one_machine_and_speedups_across_machines():
+    """A resumed run's baseline read 31 % above the first run's on the live H200: a ratio to it
+    ranked the first run's slower best above the resume's faster one."""
+    first_base, first_best = record(0, {16: 664.0}, baseline=True), record(14, {16: 14025.0})
+    resumed_base, resumed_best = record(18, {16: 870.0}, baseline=True), record(26, {16: 14418.0})
+    trials = [first_base, first_best, resumed_base, resumed_best]
+    bases = an.session_baselines(trials)
+    choice = an.select_best(trials, bases, 16)
+    assert (choice.trial.number, choice.baseline.number) == (26, 18)
+    for t in (resumed_base, resumed_best):  # the second run on another card: tok/s do not compare
+        t.measurement.environment["gpu_name"] = "NVIDIA H100 80GB HBM3"
+    assert not an.one_machine(trials)
+    assert an.select_best(trials, bases, 16).trial.number == 14  # 21.1x its baseline against 16.6x
+
+
 def test_knob_and_bucket_diffs():
     assert an.knob_diff({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == [
         {"name": "b", "a": 2, "b": 3}, {"name": "c", "a": None, "b": 4}]

@@ -22,9 +22,9 @@ def best_command(
                                "disagrees with it (the warning goes into the export too)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
-    """The best trial: the highest speed-up over its run's baseline whose 95% CI low end clears the
-    baseline's CI high end, shown in the objective's unit (tok/s, higher is better; a replayed time in
-    ms, lower is better)."""
+    """The best trial: among trials whose 95% CI low end clears their run's baseline's CI high end, the
+    fastest (runs on one machine) or the highest speed-up over its run's baseline (runs on several),
+    shown in the objective's unit (tok/s, higher is better; a replayed time in ms, lower is better)."""
     from autoopt.cli.render_history import print_json, render_best, warn
     from autoopt.store.export import build_export
     from autoopt.targets.builtin.config_file import write_export

@@ -9,8 +9,9 @@ Definitions (also in db/README.md):
               intervals do not overlap, so the gain is outside the noise.
   best        among successful trials other than the baselines that are significant over the
               baseline of their session (the latest measured before them: every run measures its
-              own), the highest speed-up at C, i.e. among one session's trials the highest median
-              (ties: higher CI low end); when none is, the latest baseline itself (no gain).
+              own), the highest median at C when every session ran on one machine (same recorded
+              fingerprint), else the highest speed-up over its session's baseline (ties: higher CI
+              low end); when none is, the latest baseline itself (no gain).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from autoopt import stats
+from autoopt.environment import same_machine
 from autoopt.errors import UserError
 from autoopt.measurement import Throughput
 
@@ -200,7 +202,8 @@ def baseline_before(trial: Any, baselines: Sequence[Any]) -> Any:
 
 def select_best(trials: Sequence[Any], baselines: Sequence[Any] | Any, c: int) -> BestChoice:
     """The best trial at concurrency c by the rule in this module's docstring, each trial against
-    the baseline of its session (baseline_before); among trials of one session, the highest median."""
+    the baseline of its session (baseline_before); the highest median on one machine, else the
+    highest speed-up over the session's baseline."""
     if not isinstance(baselines, (list, tuple)):  # one baseline record (or None)
         baselines = [baselines] if baselines is not None else []
     baselines = [b for b in baselines if figure(b, c) is not None]
@@ -212,9 +215,21 @@ def select_best(trials: Sequence[Any], baselines: Sequence[Any] | Any, c: int) -
     sig = [t for t in cands if significant(figure(t, c), figure(baseline_before(t, baselines), c))]
     if not sig:
         return BestChoice(baselines[-1], baselines[-1], c, False, len(cands), 0)
-    ratio = lambda t: figure(t, c).median / figure(baseline_before(t, baselines), c).median  # noqa: E731
-    best = max(sig, key=lambda t: (ratio(t), figure(t, c).ci_low, -t.number))
+    if one_machine([*baselines, *sig]):  # tok/s compare directly; a baseline's drift is no gain
+        rank = lambda t: figure(t, c).median  # noqa: E731
+    else:
+        rank = lambda t: figure(t, c).median / figure(baseline_before(t, baselines), c).median  # noqa: E731
+    best = max(sig, key=lambda t: (rank(t), figure(t, c).ci_low, -t.number))
     return BestChoice(best, baseline_before(best, baselines), c, True, len(cands), len(sig))
+
+
+def one_machine(trials: Sequence[Any]) -> bool:
+    """Whether the trials were measured on one machine (autoopt.environment.same_machine on their
+    recorded fingerprints). Across sessions of one machine the slow baseline is the noisiest yardstick
+    there is: on the live H200 a resumed run's baseline read 870 tok/s at C=64 against the first
+    run's 664 (+31 %), and a ratio to it ranked the first run's 14,025 tok/s above the resume's 14,444."""
+    envs = [t.measurement.environment for t in trials if t.measurement is not None]
+    return all(same_machine(envs[0], e)[0] for e in envs[1:])
 
 
 def guard_margins(correctness: dict[str, Any]) -> dict[str, float]:

@@ -18,9 +18,10 @@ from autoopt.store.records import TrialRecord, iso
 from autoopt.trial import DecisionSource
 
 VERSION = 1
-BEST_RULE = ("best = the highest speed-up at C over its own run's baseline among successful trials whose 95% CI "
-             "low end is above that baseline's 95% CI high end (a minimised objective compared as its reciprocal); "
-             "speedup interval = [trial.lo/base.hi, trial.hi/base.lo]")
+BEST_RULE = ("best = among successful trials whose 95% CI low end is above their own run's baseline's 95% CI high "
+             "end, the highest median at C when all runs share one machine, else the highest speed-up over that "
+             "baseline (a minimised objective compared as its reciprocal); speedup interval = "
+             "[trial.lo/base.hi, trial.hi/base.lo]")
 SORTS = ("objective", "number", "time")
 NOT_OK = ("failed", "wrong", "interrupted")
 
