@@ -11,7 +11,7 @@ import time
 import pytest
 
 from autoopt.environment import fingerprint, same_machine
-from autoopt.targets.builtin.limits import release_cached_memory
+from autoopt.targets.builtin.limits import kept_by_failure, memory_left_by_failure, release_cached_memory
 from autoopt.targets.builtin.worker import RestartRequired, classify
 from autoopt.targets.builtin.client import WorkerClient, WorkerFailure
 from conftest import HAS_CUDA, requires_cuda
@@ -65,6 +65,26 @@ def test_oom_is_reported_as_oom_and_the_worker_survives(worker):
     assert info.value.kind == "oom", info.value.reason
     assert not info.value.dead
     assert worker.request("hello", timeout_s=30)["pid"] == worker.pid
+
+
+def test_a_failure_that_keeps_memory_is_told_apart_from_one_that_does_not():
+    gib = 2**30
+    assert kept_by_failure(47 * gib, 45 * gib) is None  # within 10 % of the last measurement's
+    assert kept_by_failure(94 * gib, 45 * gib) == ("94.0 GiB allocated after the failure against 45.0 GiB "
+                                                   "after the last measurement")
+    assert memory_left_by_failure("cpu", 45 * gib) is None  # nothing to compare off CUDA
+    assert memory_left_by_failure("cuda", None) is None  # no measurement yet
+
+
+@requires_cuda
+def test_memory_a_failure_keeps_on_the_gpu_is_found():
+    import torch
+
+    held = max(torch.cuda.memory_allocated("cuda"), 1)
+    kept = torch.empty(int(held * 0.2) + (64 << 20), dtype=torch.uint8, device="cuda")
+    assert memory_left_by_failure("cuda", held) is not None
+    del kept
+    assert memory_left_by_failure("cuda", held) is None
 
 
 def test_segfault_is_a_crash_with_the_signal_and_a_stack(worker):

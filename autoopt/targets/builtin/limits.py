@@ -82,3 +82,29 @@ def release_cached_memory(device: str) -> dict[str, int]:
     torch.cuda.empty_cache()
     return {"allocated_bytes": torch.cuda.memory_allocated(device), "reserved_bytes_before": reserved,
             "reserved_bytes_after": torch.cuda.memory_reserved(device)}
+
+
+LEAK_MARGIN = 1.10  # allocated after a failure beyond this share of the last measurement's: kept by it
+
+
+def memory_left_by_failure(device: str, held_after_last_measure: int | None) -> str | None:
+    """Why a failed request's sessions must go, or None. A failure inside a switch can leave the old
+    and the new build both referenced: on the H200 an attention tile beyond the shared memory failed
+    with 94 GiB allocated in the worker, and the next trial, the incumbent again, ran out of memory
+    beside the second measuring process (h200_live_10m_run8_resumed, trials 24-25). On CUDA: what is
+    still allocated after a collection against what the worker held after its last measurement."""
+    if not device.startswith("cuda") or not held_after_last_measure:
+        return None
+    import gc
+
+    import torch
+
+    gc.collect()
+    return kept_by_failure(torch.cuda.memory_allocated(device), held_after_last_measure)
+
+
+def kept_by_failure(now_bytes: int, held_bytes: int) -> str | None:
+    """The verdict on the figures: more than LEAK_MARGIN x what the last measurement left allocated."""
+    if now_bytes <= held_bytes * LEAK_MARGIN:
+        return None
+    return f"{now_bytes / 2**30:.1f} GiB allocated after the failure against {held_bytes / 2**30:.1f} GiB after the last measurement"

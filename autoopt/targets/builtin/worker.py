@@ -39,7 +39,8 @@ import traceback
 from typing import Any, Callable, TextIO
 
 from autoopt.targets.builtin.client import COMPILE_CACHE_ENV
-from autoopt.targets.builtin.limits import DoesNotFit, host_available_bytes, memory_refusal, release_cached_memory
+from autoopt.targets.builtin.limits import (DoesNotFit, host_available_bytes, memory_left_by_failure, memory_refusal,
+                                            release_cached_memory)
 
 _T0 = time.perf_counter()  # interpreter start (close enough): startup cost includes the torch import
 
@@ -67,6 +68,7 @@ class WorkerState:
         self.bandwidth: dict[str, Any] | None = None  # measured once (autoopt.targets.builtin.measure)
         self.env: dict[str, Any] | None = None  # fingerprint, computed once
         self.profiles = 0  # torch.profiler sessions run here (what_ran["measure.profiled_before"])
+        self.held_bytes: int | None = None  # GPU memory allocated after the last measurement
 
     def session_for(self, config: Any, batch: int) -> tuple[Any, str, float]:
         """A session for `config` at `batch`: (session, how it was applied, seconds it took).
@@ -225,7 +227,7 @@ def _handle(state: WorkerState, req: dict[str, Any]) -> Any:
         doc.setdefault("what_ran", {})["compile_cache"] = compile_cache_text()
         memory = release_cached_memory(state.device)
         if memory:
-            doc["what_ran"]["gpu_memory"] = memory
+            doc["what_ran"]["gpu_memory"], state.held_bytes = memory, memory["allocated_bytes"]
         return doc
     if op == "reset":
         state.drop_sessions()
@@ -308,11 +310,14 @@ def serve(inp: TextIO, out: TextIO, state: WorkerState,
             kind, fatal = classify(exc)
             tb = traceback.format_exc()
             print(tb, file=sys.stderr, flush=True)  # the parent keeps the stderr tail
-            if kind == "oom":
+            reason = f"{type(exc).__name__}: {exc}"[:2000]
+            traceback.clear_frames(exc.__traceback__)  # the failed frames' tensors are no leak
+            left = None if fatal or kind == "oom" else memory_left_by_failure(state.device, state.held_bytes)
+            if kind == "oom" or left:  # after an OOM, or a failure that kept memory, the sessions are suspect
                 state.drop_sessions()
+                reason += f" (the worker dropped its sessions: {left})" if left else ""
             resp = {"id": rid, "ok": False, "fatal": fatal,
-                    "error": {"kind": kind, "reason": f"{type(exc).__name__}: {exc}"[:2000],
-                              "traceback": tb[-4000:]}}
+                    "error": {"kind": kind, "reason": reason, "traceback": tb[-4000:]}}
         out.write(json.dumps(resp, default=_json_default) + "\n")
         out.flush()
         if fatal:
