@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from autoopt.search.run_types import transition_within
+from autoopt.search.run_types import TRANSITION_FLOOR_S, transition_within
 
 TILES = Path(__file__).resolve().parent / "fixtures" / "replay" / "tiles.csv"
 
@@ -39,5 +40,9 @@ def test_summary_counts_the_trials_predicted_within_50_percent(tmp_path):
     assert summary["within_50pct"] == within and within >= 1
     errors = sorted(abs(p["actual"] - p["predicted"]) for p in pairs)
     assert abs(summary["median_error_s"] - (errors[(len(errors) - 1) // 2] + errors[len(errors) // 2]) / 2) < 1e-9
+    # the ratio's median is over the trials predicted above the floor only, and says how many
+    assert summary["trials_predicted_above_floor"] == sum(p["predicted"] > TRANSITION_FLOOR_S for p in pairs)
     text = _run(tmp_path, "--study", "plain").stdout
     assert "transitions: " in text and " trials that ran (" in text and "within 50% of the predicted seconds; median error" in text
+    if "actual/predicted median" in text:  # a ratio names how many trials it is the median of
+        assert re.search(r"actual/predicted median x[0-9.]+ over the [0-9]+ predicted above 0.5s", text)

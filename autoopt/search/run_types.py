@@ -51,19 +51,22 @@ class TransitionAccuracy:
     within: int  # of them, within 50 % (transition_within)
     median_error_s: float  # median |actual - predicted|
     median_ratio: float | None  # median actual / predicted over trials predicted above the floor
+    n_ratio: int = 0  # those trials
 
     @property
     def share_within(self) -> float:
         return self.within / self.n if self.n else 0.0
 
     def text(self) -> str:
-        ratio = f", actual/predicted median x{self.median_ratio:.2f}" if self.median_ratio is not None else ""
+        ratio = (f", actual/predicted median x{self.median_ratio:.2f} over the {self.n_ratio} predicted above "
+                 f"{TRANSITION_FLOOR_S:g}s" if self.median_ratio is not None else "")
         return (f"transitions: {self.within} of {self.n} trials that ran ({100 * self.share_within:.0f}%) within 50% "
                 f"of the predicted seconds; median error {format_duration(self.median_error_s)}{ratio}")
 
     def to_json(self) -> dict[str, Any]:
         return {"trials": self.n, "within_50pct": self.within, "share_within_50pct": self.share_within,
-                "median_error_s": self.median_error_s, "median_actual_over_predicted": self.median_ratio}
+                "median_error_s": self.median_error_s, "median_actual_over_predicted": self.median_ratio,
+                "trials_predicted_above_floor": self.n_ratio}
 
 
 def transition_accuracy(trials: list[TrialOutcome]) -> TransitionAccuracy | None:
@@ -73,7 +76,7 @@ def transition_accuracy(trials: list[TrialOutcome]) -> TransitionAccuracy | None
     ratios = [a / p for p, a in pairs if p > TRANSITION_FLOOR_S]
     return TransitionAccuracy(n=len(pairs), within=sum(transition_within(p, a) for p, a in pairs),
                               median_error_s=statistics.median(abs(a - p) for p, a in pairs),
-                              median_ratio=statistics.median(ratios) if ratios else None)
+                              median_ratio=statistics.median(ratios) if ratios else None, n_ratio=len(ratios))
 
 
 @dataclass
