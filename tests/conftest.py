@@ -30,7 +30,12 @@ if not HAS_CUDA:
 # Subprocesses started by tests (workers, CLI runs) must find the same packages.
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
-requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (none on this machine)")
+_NO_CUDA = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (none on this machine)")
+
+
+def requires_cuda(test):
+    """Skipped without CUDA, and marked `gpu` so that `pytest -m gpu` (README) runs it on a GPU machine."""
+    return pytest.mark.gpu(_NO_CUDA(test))
 
 
 @pytest.fixture
