@@ -173,11 +173,22 @@ def _print_result(result: Any) -> None:
                   + f": {objective_text(conf, unit)} {speedup_text(conf, base)} ({status_text(conf)})", markup=False)
         if orig is not None and orig.objective_ci and conf.objective_ci and (
                 conf.objective_ci[1] < orig.objective_ci[0] or conf.objective_ci[0] > orig.objective_ci[1]):
-            out.print(f"[yellow]the confirmation disagrees with trial #{orig.number} (the CIs do not "
-                      "overlap): the machine changed or the first figure was luck; measure again before "
-                      "trusting this win[/yellow]")
+            out.print(_disagreement_text(orig, conf, base))
     if result.exit_code == 130:
         out.print("interrupted: run the same command again (or `autoopt run --resume`) to continue")
+
+
+def _disagreement_text(orig: Any, conf: Any, base: Any) -> str:
+    """A confirmation whose CI misses its trial's: does it still confirm the win over the baseline
+    (the size is in doubt), or not even that (`best --export` then refuses without --force)?"""
+    beats = lambda t: bool(base is not None and base.objective_ci and t.objective_ci  # noqa: E731
+                           and t.objective_ci[0] > base.objective_ci[1])
+    head = f"the confirmation disagrees with trial #{orig.number} (the CIs do not overlap)"
+    if beats(orig) and beats(conf):
+        return (f"[yellow]{head}, though both beat the baseline outside the noise: the win holds, its size "
+                "is uncertain (the machine changed or one figure was luck)[/yellow]")
+    return (f"[yellow]{head} and one of them does not beat the baseline outside the noise: the machine "
+            "changed or the first figure was luck; measure again before trusting this win[/yellow]")
 
 
 def _json_summary(result: Any, doc: dict[str, Any]) -> dict[str, Any]:
