@@ -19,7 +19,9 @@ def best_command(
     trial: Optional[str] = typer.Option(None, "--trial", help="Take this trial instead of the rule's choice."),
     as_json: bool = typer.Option(False, "--json", help="Print the best document as JSON."),
     force: bool = typer.Option(False, "--force", help="Export even when the trial's confirmation "
-                               "disagrees with it (the warning goes into the export too)."),
+                               "leaves the win in doubt: it failed, or it disagrees with the trial and "
+                               "one of the two does not beat the baseline outside the noise (the "
+                               "warning goes into the export too)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """The best trial: among trials whose 95% CI low end clears their run's baseline's CI high end, the
