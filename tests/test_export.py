@@ -236,3 +236,4 @@ def test_the_run_summary_says_whether_a_disagreeing_confirmation_still_confirms_
     assert "the win holds" in holds and "#26" in holds
     lost = _disagreement_text(orig, Trial(number=47, objective_ci=(330.0, 345.0)), base)
     assert "does not beat the baseline" in lost and "the win holds" not in lost
+    assert _disagreement_text(orig, Trial(number=47, objective_ci=(440.0, 450.0)), base) is None  # overlap

@@ -171,24 +171,25 @@ def _print_result(result: Any) -> None:
         orig = next((t for t in result.history if t.number == of), None)
         out.print(f"confirmation #{conf.number}" + (f" of #{of}" if of is not None else "")
                   + f": {objective_text(conf, unit)} {speedup_text(conf, base)} ({status_text(conf)})", markup=False)
-        if orig is not None and orig.objective_ci and conf.objective_ci and (
-                conf.objective_ci[1] < orig.objective_ci[0] or conf.objective_ci[0] > orig.objective_ci[1]):
-            out.print(_disagreement_text(orig, conf, base))
+        text = _disagreement_text(orig, conf, base)
+        if text:
+            out.print(f"[yellow]{text}[/yellow]")
     if result.exit_code == 130:
         out.print("interrupted: run the same command again (or `autoopt run --resume`) to continue")
 
 
-def _disagreement_text(orig: Any, conf: Any, base: Any) -> str:
-    """A confirmation whose CI misses its trial's: does it still confirm the win over the baseline
-    (the size is in doubt), or not even that (`best --export` then refuses without --force)?"""
-    beats = lambda t: bool(base is not None and base.objective_ci and t.objective_ci  # noqa: E731
-                           and t.objective_ci[0] > base.objective_ci[1])
-    head = f"the confirmation disagrees with trial #{orig.number} (the CIs do not overlap)"
-    if beats(orig) and beats(conf):
-        return (f"[yellow]{head}, though both beat the baseline outside the noise: the win holds, its size "
-                "is uncertain (the machine changed or one figure was luck)[/yellow]")
-    return (f"[yellow]{head} and one of them does not beat the baseline outside the noise: the machine "
-            "changed or the first figure was luck; measure again before trusting this win[/yellow]")
+def _disagreement_text(orig: Any, conf: Any, base: Any) -> str | None:
+    """What the run says when its confirmation's CI misses the trial's (the rule `best` applies:
+    autoopt.store.analysis.confirmation_verdict); None when they overlap or a CI is missing."""
+    from autoopt.store.analysis import confirmation_verdict
+
+    if orig is None or not orig.objective_ci or not conf.objective_ci:
+        return None
+    base_ci = base.objective_ci if base is not None and base.objective_ci else None
+    verdict = confirmation_verdict(tuple(orig.objective_ci), tuple(conf.objective_ci), base_ci, base_ci)
+    if verdict is None:
+        return None
+    return f"the confirmation disagrees with trial #{orig.number} (the CIs do not overlap){verdict[1]}"
 
 
 def _json_summary(result: Any, doc: dict[str, Any]) -> dict[str, Any]:

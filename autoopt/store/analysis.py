@@ -104,6 +104,26 @@ def significant(t: Throughput | None, base: Throughput | None) -> bool:
     return t is not None and base is not None and t.ci_low > base.ci_high
 
 
+Interval = tuple[float, float]  # a 95 % CI (low, high)
+
+
+def confirmation_verdict(trial: Interval, conf: Interval, trial_base: Interval | None,
+                         conf_base: Interval | None) -> tuple[bool, str] | None:
+    """A re-measurement `conf` of the trial's configuration against the trial, each with the CI of its
+    baseline: None when the two CIs overlap; else (refuse, why). Both still beating their baseline
+    outside the noise confirm the win but not its size (refuse False: a warning); either not beating
+    it leaves the win itself in doubt (refuse True: `best --export` wants --force). `why` goes right
+    after a sentence saying the CIs do not overlap."""
+    if not (conf[1] < trial[0] or conf[0] > trial[1]):
+        return None
+    beats = lambda ci, base: base is not None and ci[0] > base[1]  # noqa: E731
+    if beats(trial, trial_base) and beats(conf, conf_base):
+        return False, (", though both beat the baseline outside the noise: the win holds, its size is "
+                       "uncertain (the machine changed or one figure was luck)")
+    return True, (" and one of them does not beat the baseline outside the noise: the machine changed "
+                  "or one figure was luck; measure again before trusting this win")
+
+
 def speedups(trial: Any, base: Any) -> dict[int, dict[str, float]]:
     """Speed-up at every concurrency both measured."""
     out = {}

@@ -334,21 +334,17 @@ def best(store: Any, study: str | None = None, *, objective: str | None = None,
 
 def confirmation_disagreement(store: Any, study: str, chosen: TrialRecord, c: int,
                               baselines: list[TrialRecord]) -> tuple[str | None, bool]:
-    """Why the chosen trial's figure is in doubt, and whether the doubt reaches the win itself.
-
-    A re-measurement of the same configuration (the run's final confirmation, either way round) that
-    failed, or whose figure at C does not beat its baseline outside the noise, leaves the win
-    unconfirmed: (reason, True), and `best --export` refuses without --force. One whose 95 % CI does
-    not overlap the trial's while both beat the baseline confirms the win but not its size: (reason,
-    False), a warning (the README's CPU run: #26 at 444.9 tok/s, its confirmation at 407.7, baseline
-    331.6; on a 2-core VM the whole run drifts by that much). (None, False) when none disagrees."""
+    """Why the chosen trial's figure is in doubt, and whether `best --export` refuses it: a
+    re-measurement of the same configuration (the run's final confirmation, either way round) that
+    failed (refused), or whose 95 % CI at C misses the trial's (analysis.confirmation_verdict: refused
+    only when one of the two does not beat its baseline). (None, False) when none disagrees."""
     def conf_of(t: TrialRecord) -> int | None:
         d = t.decision
         return d.confirms if d is not None and d.kind is DecisionSource.CONFIRM else None
 
-    def beats_baseline(t: TrialRecord) -> bool:
-        base = an.baseline_before(t, baselines)
-        return base is not None and an.significant(an.figure(t, c), an.figure(base, c))
+    def ci(t: TrialRecord | None) -> an.Interval | None:
+        f = an.figure(t, c) if t is not None else None
+        return (f.ci_low, f.ci_high) if f is not None else None
 
     trials = store.trials(study, with_samples=False)
     pairs = [(chosen, t) for t in trials if conf_of(t) == chosen.number]
@@ -359,13 +355,10 @@ def confirmation_disagreement(store: Any, study: str, chosen: TrialRecord, c: in
         if b is None:
             return (f"the confirmation #{conf.number} of trial #{orig.number} is {conf.state}: the win is "
                     "not confirmed"), True
-        if a is None or not (b.ci_high < a.ci_low or b.ci_low > a.ci_high):
-            continue
-        apart = (f"the confirmation #{conf.number} of trial #{orig.number} disagrees with it at C={c} "
-                 f"({b.median:.4g} vs {a.median:.4g} tok/s, the 95% CIs do not overlap)")
-        if beats_baseline(orig) and beats_baseline(conf):
-            return (f"{apart}, though both beat the baseline outside the noise: the win holds, its size "
-                    "is uncertain (the machine changed or one figure was luck)"), False
-        return (f"{apart} and one of them does not beat the baseline outside the noise: the machine "
-                "changed or one figure was luck; measure again before trusting this win"), True
+        verdict = an.confirmation_verdict(ci(orig), ci(conf), ci(an.baseline_before(orig, baselines)),
+                                          ci(an.baseline_before(conf, baselines))) if a is not None else None
+        if verdict is not None:
+            refuse, why = verdict
+            return (f"the confirmation #{conf.number} of trial #{orig.number} disagrees with it at C={c} "
+                    f"({b.median:.4g} vs {a.median:.4g} tok/s, the 95% CIs do not overlap){why}"), refuse
     return None, False
