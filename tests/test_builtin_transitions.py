@@ -100,7 +100,9 @@ def test_under_step_compile_a_value_built_only_eager_is_not_cached(norm):
     built = built_in(caches, norm(mhc_operand="view_bf16_residual", attention="mma"),  # eager only
                      norm(mhc_gemm="bf16", **sc), norm(moe_experts="grouped", **sc))
     both = transition_facts(built, norm(mhc_gemm="bf16", moe_experts="grouped", **sc), caches, alive=True)
-    assert both.redone == ("step_compile",) and both.cached  # a new graph of compiled pieces
+    # a new combination of parts each traced before, kernels cached: no re-trace (0.55-1.06 s for 14 of
+    # 16 such switches on the H200, runs 5-8)
+    assert both.redone == ()
     eager_value = norm(mhc_operand="view_bf16_residual", moe_experts="grouped", **sc)
     t = transition_facts(built, eager_value, caches, alive=True)
     assert t.redone == ("step_compile",) and not t.cached

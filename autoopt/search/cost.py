@@ -151,8 +151,7 @@ class CostModel:
             # prior for every candidate, took 0.5 s, and the run stopped itself on the 30 s)
             seconds = known
         elif live:
-            seconds = (statistics.median(self.relaunch_obs) if self.relaunch_obs
-                       else max((self._param_s(i, True) for i in changed), default=0.0))
+            seconds = self._relaunch_s(changed)
         elif built is None:
             seconds = self._fresh_s(params)
         else:
@@ -214,8 +213,26 @@ class CostModel:
         learned for `cached` (the target's facts: every kernel it needs was compiled), else from the
         other kind, else its warm switch (priced cold, the first re-trace under step_compile read
         2 min 30 s and a resumed H200 run stopped itself on it: h200_live_10m_run4, run2.log)."""
-        seen = self.redo_obs.get((i, cached)) or self.redo_obs.get((i, not cached))
-        return statistics.median(seen) if seen else self._param_s(i, cached=True)
+        seen = self.redo_obs.get((i, cached))
+        if seen:
+            return statistics.median(seen)
+        other = self.redo_obs.get((i, not cached))
+        if other:  # a cached redo before the first: the cold redo scaled as cached switches are
+            return statistics.median(other) * (self.warm_fraction() if cached else 1.0)
+        return self._param_s(i, cached=True)
+
+    def _relaunch_s(self, changed: list[int]) -> float:
+        """A relaunch into a live worker whose kernels are all cached: learned from relaunches, else
+        what this run's cached switches took (its build is one of them: on the H200 such relaunches
+        took 0.5-3.6 s, six of them predicted at 37.5 s, the step compile's warm figure, before any
+        was seen), else the dearest parameter's warm switch."""
+        if self.relaunch_obs:
+            return statistics.median(self.relaunch_obs)
+        warm = [s for obs in self.warm_obs.values() for s in obs]
+        warm += [s for (_, cached), obs in self.redo_obs.items() if cached for s in obs]
+        if warm:
+            return statistics.median(warm)
+        return max((self._param_s(i, True) for i in changed), default=0.0)
 
     def _class_of(self, changed: list[int]) -> RestartClass:
         return RestartClass.dearest(self.params[i].restart_class for i in changed)

@@ -16,7 +16,12 @@ A worker caches three kinds of work, and a switch redoes whichever of them it in
     step_compile knob keeps its value, yet its compile is redone (`redone`), with Inductor's
     in-process caches warm: on the H200 such re-traces took 3.5-16 s against 108 s for the first
     step compile (benchmarks/results/h200_live_10m_run3, trials 15-21), while a configuration traced
-    before in this worker is a Dynamo cache hit (`traced`; 0.7-1.1 s there, trials 19 and 22);
+    before in this worker is a Dynamo cache hit (`traced`; 0.7-1.1 s there, trials 19 and 22). So is a
+    new combination of parts traced before: the step breaks into graphs at every opaque Triton kernel,
+    and each layer class's graphs are guarded on that class's knob values, so a switch all of whose
+    (class, knob, value) parts this worker traced (`parts`) and whose kernels are cached re-traces
+    nothing new (on the H200: 14 of 16 such switches took 0.55-1.06 s, while cached switches with a
+    part new to a class took 1.3-11 s; benchmarks/results/h200_live_10m_run5..run8_resumed);
   - under cuda_graphs=on every switch that changes the step captures the graph again (1.1-3.3 s
     for runtime switches there, trials 3-13, against 2.3 s for turning the graphs on).
 """
@@ -37,16 +42,35 @@ class WorkerCaches:
     layer_classes: tuple[str, ...] = ()
     kernels: set[tuple] = field(default_factory=set)  # kernel specialisations compiled (kernel_keys)
     traced: set[tuple] = field(default_factory=set)  # configurations whose step Dynamo traced
+    parts: set[tuple] = field(default_factory=set)  # (class, knob, value) parts of traced steps (part_keys)
 
     def remember(self, config: dict[str, Any]) -> None:
         """`config` (normalized) was built and measured in this worker."""
         self.kernels |= self.kernel_keys(config)
         if step_compiled(config):
             self.traced.add(trace_key(config))
+            self.parts |= self.part_keys(config)
 
     def clear(self) -> None:
         self.kernels.clear()
         self.traced.clear()
+        self.parts.clear()
+
+    def part_keys(self, config: dict[str, Any]) -> set[tuple]:
+        """(layer class, knob, value) of every knob that changes the traced code, per class in use:
+        what each class's graphs are guarded on. Layers unknown: one class."""
+        from dsv4.knobs import KNOBS
+
+        per_layer: dict[int, dict[str, Any]] = {}
+        for layer, knob, value in config.get("layer_overrides", []):
+            per_layer.setdefault(int(layer), {})[knob] = value
+        names = [k.name for k in KNOBS if k.name != "cuda_graphs"]
+        return {(cls, k, per_layer.get(i, {}).get(k, config[k]))
+                for i, cls in enumerate(self.layer_classes or ("all",)) for k in names}
+
+    def parts_traced(self, config: dict[str, Any]) -> bool:
+        """Whether every part of `config`'s step was traced here (a new combination of old parts)."""
+        return bool(self.parts) and self.part_keys(config) <= self.parts
 
     def warm_for(self, config: dict[str, Any]) -> bool:
         """Whether every kernel `config` compiles was compiled here, in whatever combination: its
@@ -129,10 +153,13 @@ def transition_facts(built: dict[str, Any] | None, to: dict[str, Any], caches: W
         return Transition(RestartClass.NONE.value, ())
     cls = RestartClass.dearest(KNOB_BY_NAME[k].restart_class for k in changed)
     redone = []
-    retrace = step_compiled(to) and "step_compile" not in changed and trace_key(to) not in caches.traced
+    warm = caches.warm_for(to)
+    # no re-trace: this configuration was traced here, or every part of it was and its kernels are cached
+    retrace = (step_compiled(to) and "step_compile" not in changed and trace_key(to) not in caches.traced
+               and not (warm and caches.parts_traced(to)))
     # cached: every kernel `to` compiles (a re-trace's included) was compiled in this worker, in this
     # combination or another
-    cached = (cls is RestartClass.RECOMPILE or retrace) and caches.warm_for(to)
+    cached = (cls is RestartClass.RECOMPILE or retrace) and warm
     if retrace:
         redone.append("step_compile")
     if to.get("cuda_graphs") == "on" and "cuda_graphs" not in changed:
