@@ -76,6 +76,18 @@ def test_a_failure_that_keeps_memory_is_told_apart_from_one_that_does_not():
     assert memory_left_by_failure("cuda", None) is None  # no measurement yet
 
 
+def test_a_second_worker_only_where_the_card_holds_two_copies():
+    from autoopt.targets.builtin.processes import too_crowded
+
+    gib = 2 ** 30
+    h100, h200 = 79.2 * gib, 139.8 * gib
+    assert too_crowded(int(39.2 * gib), int(h200)) is None  # the flash slice's baseline twice on an H200
+    why = too_crowded(int(39.2 * gib), int(h100))  # on an H100 every later build ran out of memory
+    assert why is not None and "39.2 GiB" in why and "79.2 GiB" in why
+    assert too_crowded(int(30 * gib), int(h100)) is None
+    assert too_crowded(None, int(h100)) is None and too_crowded(int(39 * gib), None) is None  # not known
+
+
 @requires_cuda
 def test_memory_a_failure_keeps_on_the_gpu_is_found():
     import torch

@@ -17,7 +17,10 @@ Two workers cost a second worker start once per run (seconds on a CPU, the CUDA 
 compiles on a GPU), and every transition and measurement twice; the guard and the profile run in
 the first only. On a GPU both workers share the device one after the other (never at once), each
 holding its own copy of the weights: the flash and pro slices fit the H200 twice over. A space's
-`measurement: {processes: 1}` turns it off (a single process, recorded as such).
+`measurement: {processes: 1}` turns it off (a single process, recorded as such). A card that cannot
+hold two copies turns it off too, recorded with the figures (`too_crowded`): on an 80 GiB H100 the
+flash slice's baseline peaked at 39 GiB in each worker, and every later build in the first worker ran
+out of memory beside its idle twin (92 of 94 trials of a 10-minute run).
 
 The merged figure per concurrency: the mean of the two medians, its CI from the lower of the two CI
 low ends to the higher of the two high ends (it contains both processes' intervals), n and samples
@@ -55,6 +58,20 @@ def merged(first: Measurement, second: Measurement, pids: tuple[object, object])
                            + ", ".join(lines) + "; figure = mean of the two medians, CI = from the lower "
                            "CI low end to the higher CI high end (covers both processes)")
     return first
+
+
+GIB = 2 ** 30
+TWO_FIT_SHARE = 0.8  # two workers' peaks must fit in this share of the card: a switch briefly holds the
+                     # old build beside the new one, and the allocator's blocks do not pack perfectly
+
+
+def too_crowded(peak_bytes: int | None, device_bytes: int | None) -> str | None:
+    """Why the card cannot hold a second worker beside the first (None: it can, or it is not known)."""
+    if not peak_bytes or not device_bytes or 2 * peak_bytes <= TWO_FIT_SHARE * device_bytes:
+        return None
+    return (f"one worker at a time fits the card: a configuration peaked at {peak_bytes / GIB:.1f} GiB of its "
+            f"{device_bytes / GIB:.1f} GiB, and a second worker holds a copy of its own (two must fit in "
+            f"{100 * TWO_FIT_SHARE:.0f} % of it)")
 
 
 def single(m: Measurement, pid: object, why: str) -> Measurement:

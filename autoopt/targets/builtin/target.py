@@ -94,6 +94,7 @@ class BuiltinTarget:
         self.workers_started = 0
         self.processes = processes  # worker processes each configuration is measured in (evaluate)
         self._twin: BuiltinTarget | None = None  # the second process's target, once asked for
+        self._one_worker_why: str | None = None  # why the card holds no second worker, once seen
 
     # ------------------------------------------------------------ declarations (no worker needed)
 
@@ -234,6 +235,9 @@ class BuiltinTarget:
         abort = request.extra.get("abort_below") or {}
         if any(c in m.tok_per_s and m.tok_per_s[c].ci_high < v for c, v in abort.items()):
             return two.single(m, pid, "a clear loser in the first (its CI top under the incumbent's figure)")
+        crowded = self._one_worker_only(m)
+        if crowded is not None:
+            return two.single(m, pid, crowded)
         if self._twin is None:
             self._twin = BuiltinTarget(self.preset, self.device, self.shape, guard=False,
                                        warmup_steps=self.warmup_steps, warmup_min_s=self.warmup_min_s,
@@ -243,6 +247,18 @@ class BuiltinTarget:
         out = two.merged(m, second, (pid, twin_pid))
         out.costs_s["total"] = time.perf_counter() - t0
         return out
+
+    def _one_worker_only(self, m: Measurement) -> str | None:
+        """Why the card holds no second worker, once a configuration has shown it (for the rest of the
+        run: a smaller configuration must not start a twin that a bigger one then runs out of memory
+        beside); a twin already started is closed then, giving its memory back."""
+        if self._one_worker_why is None and self.device.startswith("cuda"):
+            device_bytes = (self.describe().get("device_info") or {}).get("memory_bytes")
+            self._one_worker_why = two.too_crowded(m.peak_memory_bytes, device_bytes)
+            if self._one_worker_why is not None and self._twin is not None:
+                self._twin.close()
+                self._twin = None
+        return self._one_worker_why
 
     def _evaluate_here(self, request: EvalRequest) -> Measurement:
         """The measurement in this target's own worker (evaluate's contract)."""
