@@ -5,13 +5,7 @@ fail in practice:
   - numeric knobs (tile sizes, stages, warps): log2 of the value, so resource limits such as
     block_kv x heads x stages > shared memory are one linear boundary;
   - every non-baseline value (one-hot), for a value that cannot work at all;
-  - every pair of non-baseline values, for combinations that fail together (fp8 under CUDA graphs);
-  - every non-baseline value paired with another knob held at its baseline value, for a value that
-    needs another knob moved (a tile stride needs its tile size off 1; CUDA graphs need the experts
-    off the loop). Without it such a rule is one weight per other value of that knob, each learned
-    apart: on the Kernel Tuner landscape dedispersion_A100 (a y stride fails while its tile size is
-    1; seed 100) the optimum, stride on with the tile size at 3, was given 97-100 % odds of failing
-    after 60, 120 and 250 trials; with these pairs 7-13 %.
+  - every pair of non-baseline values, for combinations that fail together (fp8 under CUDA graphs).
 Before any failure the odds are 0; the intercept starts at the observed failure rate.
 
 The odds are never surer than the model has earned: a prediction p is capped at the failure rate
@@ -81,10 +75,8 @@ class FailureModel:
     def kernel(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
         # S: the non-baseline values two configurations share, as one product of one-hot codes
         S = self._onehot(A) @ self._onehot(B).T
-        # the intercept (loose around the observed rate's logit), one-hot values, pairs of values, and
-        # pairs of a value with a knob at its baseline: shared values x knobs both hold at their baseline
-        pairs = 0.5 * S * (S - 1.0) + S * (self._at_base(A) @ self._at_base(B).T)
-        k = INTERCEPT_SD ** 2 + PRIOR_SD ** 2 * (S + pairs)
+        # the intercept (loose around the observed rate's logit), one-hot values, pairs of values
+        k = INTERCEPT_SD ** 2 + PRIOR_SD ** 2 * (S + 0.5 * S * (S - 1.0))
         if self._numeric:
             k += NUMERIC_SD ** 2 * (self._log2_sizes(A) @ self._log2_sizes(B).T)
         return k
@@ -96,11 +88,6 @@ class FailureModel:
         out[np.arange(len(X))[:, None], X + offset[None, :]] = 1.0
         out[:, offset + self.view.base_code] = 0.0
         return out
-
-    def _at_base(self, X: np.ndarray) -> np.ndarray:
-        """[n, movable parameters]: 1 where the configuration holds the parameter's baseline value."""
-        movable = self.view.n_choices > 1
-        return (X[:, movable] == self.view.base_code[movable][None, :]).astype(float)
 
     def _log2_sizes(self, X: np.ndarray) -> np.ndarray:
         return np.stack([vals[X[:, i]] for i, vals in self._numeric], axis=1)
