@@ -9,7 +9,9 @@
 #   bash benchmarks/h200_live.sh wait      # until run 2 ends; export
 #   bash benchmarks/h200_live.sh table     # h200_decode.py: hand-tuned final row + both runs' exported bests
 # Send each next call at once: a machine idle for 30 s is handed back, and the run in flight with it
-# (a session lost run 1 that way while editing between calls).
+# (a session lost run 1 that way while editing between calls; another lost its final confirmation and
+# export, benchmarks/results/h100_live_10m). A call that returns with the run still going leaves the
+# best so far in its archive (configN.so_far.yaml) beside the study.
 #   bash benchmarks/h200_live.sh finish    # until the run in flight ends; export; no resume
 # A study recorded earlier (its h200.sqlite and config1.yaml) is resumed on a fresh machine by
 #   RESUME_FROM=benchmarks/results/h200_live_10m_run8 bash benchmarks/h200_live.sh wait
@@ -57,7 +59,13 @@ DEADLINE=$((SECONDS + WAIT_S))
 follow() {  # until the run ends or this call's WAIT_S has passed; then its export, once
   [ -f "$LIVE/pid" ] || return 0  # no run in flight: the last one was exported when it ended
   while running && [ "$SECONDS" -lt "$DEADLINE" ]; do sleep 5; done
-  if running; then echo "run $(cat "$LIVE/current") still running at $(date -u +%T)"; return 1; fi
+  if running; then  # the best so far travels in this call's archive: the machine may not be here for the next
+    echo "run $(cat "$LIVE/current") still running at $(date -u +%T)"
+    python3 -m autoopt.cli best --db "sqlite:///$LIVE/h200.sqlite" --study "$STUDY" \
+        --export "$LIVE/config$(cat "$LIVE/current").so_far.yaml" > "$LIVE/best_so_far.txt" 2>&1 \
+      && echo "best so far exported: config$(cat "$LIVE/current").so_far.yaml" || echo "no best to export yet: $(tail -1 "$LIVE/best_so_far.txt")"
+    return 1
+  fi
   local n; n=$(cat "$LIVE/current"); echo "run $n ended at $(date -u +%T)"; rm -f "$LIVE/pid"
   python3 -m autoopt.cli best --db "sqlite:///$LIVE/h200.sqlite" --study "$STUDY" --export "$LIVE/config$n.yaml" > "$LIVE/best$n.txt" 2>&1
   python3 -m autoopt.cli history --db "sqlite:///$LIVE/h200.sqlite" --study "$STUDY" > "$LIVE/history$n.txt" 2>&1
