@@ -88,6 +88,8 @@ case "${1:-}" in
   table)
     follow || { collect; exit 1; }
     bests=(); for f in "$LIVE"/config2.yaml "$LIVE"/config1.yaml; do [ -f "$f" ] && bests+=(--best "$f"); done
+    # a fresh machine (the last one went back between calls) has no study: say so, not just a lone row
+    [ ${#bests[@]} -gt 0 ] || echo "warning: no exported best in $LIVE (no study on this machine): only the hand-tuned row is measured; export one from the last archive and pass it to h200_decode.py --best"
     timeout ${DECODE_S:-420} python3 benchmarks/h200_decode.py --no-compile --samples 10 --passes 2 \
         --only "$HAND_TUNED" "${bests[@]}" --out "$LIVE/h200_decode.json" \
         > "$LIVE/decode.log" 2>&1; tail -12 "$LIVE/decode.log" ;;
