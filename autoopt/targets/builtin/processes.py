@@ -29,6 +29,7 @@ pooled. What was done is recorded in what_ran["measure.processes"].
 from __future__ import annotations
 
 from autoopt.measurement import Measurement, Throughput
+from autoopt.targets.builtin.limits import GIB
 
 KEY = "measure.processes"
 
@@ -60,7 +61,6 @@ def merged(first: Measurement, second: Measurement, pids: tuple[object, object])
     return first
 
 
-GIB = 2 ** 30
 TWO_FIT_SHARE = 0.8  # two workers' peaks must fit in this share of the card: a switch briefly holds the
                      # old build beside the new one, and the allocator's blocks do not pack perfectly
 

@@ -59,14 +59,9 @@ class WorkerCaches:
     def part_keys(self, config: dict[str, Any]) -> set[tuple]:
         """(layer class, knob, value) of every knob that changes the traced code, per class in use:
         what each class's graphs are guarded on. Layers unknown: one class."""
-        from dsv4.knobs import KNOBS
-
-        per_layer: dict[int, dict[str, Any]] = {}
-        for layer, knob, value in config.get("layer_overrides", []):
-            per_layer.setdefault(int(layer), {})[knob] = value
-        names = [k.name for k in KNOBS if k.name != "cuda_graphs"]
+        per_layer = overrides_by_layer(config)
         return {(cls, k, per_layer.get(i, {}).get(k, config[k]))
-                for i, cls in enumerate(self.layer_classes or ("all",)) for k in names}
+                for i, cls in enumerate(self.layer_classes or ("all",)) for k in traced_knobs()}
 
     def parts_traced(self, config: dict[str, Any]) -> bool:
         """Whether every part of `config`'s step was traced here (a new combination of old parts)."""
@@ -85,9 +80,7 @@ class WorkerCaches:
 
         attention = ("attention", *ATTENTION_TILE_KNOBS)
         if self.layer_classes:
-            per_layer: dict[int, dict[str, Any]] = {}
-            for layer, knob, value in config.get("layer_overrides", []):
-                per_layer.setdefault(int(layer), {})[knob] = value
+            per_layer = overrides_by_layer(config)
             keys = {("attention", cls, *(per_layer.get(i, {}).get(k, config[k]) for k in attention))
                     for i, cls in enumerate(self.layer_classes)}
         else:  # the layers unknown: the attention knobs' whole assignment is one specialisation
@@ -96,6 +89,21 @@ class WorkerCaches:
         if step_compiled(config):  # Inductor generates kernels for the torch ops every knob chooses
             keys |= {(config["step_compile"], *v) for v in knob_values(config) if v[0] != "cuda_graphs"}
         return keys
+
+
+def overrides_by_layer(config: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """layer -> {knob: value} of `config`'s per-layer overrides (later entries win)."""
+    per_layer: dict[int, dict[str, Any]] = {}
+    for layer, knob, value in config.get("layer_overrides", []):
+        per_layer.setdefault(int(layer), {})[knob] = value
+    return per_layer
+
+
+def traced_knobs() -> list[str]:
+    """The knobs that change the code Dynamo traces: all but cuda_graphs (it captures, not traces)."""
+    from dsv4.knobs import KNOBS
+
+    return [k.name for k in KNOBS if k.name != "cuda_graphs"]
 
 
 def effective(config: dict[str, Any], name: str) -> tuple:
@@ -124,10 +132,8 @@ def knob_values(config: dict[str, Any]) -> set[tuple]:
 
 
 def trace_key(config: dict[str, Any]) -> tuple:
-    """Every knob that changes the code Dynamo traces (all but cuda_graphs)."""
-    from dsv4.knobs import KNOBS
-
-    return tuple(effective(config, k.name) for k in KNOBS if k.name != "cuda_graphs")
+    """Every knob that changes the code Dynamo traces, with its per-layer overrides."""
+    return tuple(effective(config, k) for k in traced_knobs())
 
 
 def step_compiled(config: dict[str, Any]) -> bool:
