@@ -277,3 +277,25 @@ def test_a_table_prices_its_own_fresh_start_after_an_invalid_row(tmp_path):
     before = target.now()
     target.evaluate(EvalRequest(config=dict(other), concurrency=(1,), min_samples=3))
     assert target.now() - before == pytest.approx(estimate.transition_s + 2.0)
+
+
+def test_a_knobs_own_prior_follows_this_machines_pace_read_off_its_worker_starts():
+    """The space's seconds were written on one machine: on an H100 whose worker started in 5.8 s
+    against the restart prior's 20 s, the first step compile took 48 s against its own prior of
+    150 s (benchmarks/results/h100_live_10m). Once a start is measured, an untried knob's own prior
+    is scaled by start measured / start prior; a class default and a measured knob are not."""
+    from autoopt.targets.declared import load_declared
+
+    space = load_declared("dsv4_flash_decode")
+    cm = CostModel(space)
+    base = space.baseline_params()
+    compiled = {**base, "step_compile": "inductor"}
+    assert cm.pace() == 1.0 and cm.estimate(base, compiled).transition_s == pytest.approx(150.0)
+    cm.observe(None, base, took(5.0, 3.0), cm.estimate(None, base))  # a fresh baseline: the start
+    assert cm.pace() == pytest.approx(5.0 / 20.0)
+    assert cm.estimate(base, compiled).transition_s == pytest.approx(150.0 * 5.0 / 20.0)
+    tile = next(p.name for p in cm.params if not p.own_prior and p.restart_class.value == "recompile")
+    moved = {**base, tile: next(v for v in space.param_by_name[tile].choices if v != base[tile])}
+    assert cm.estimate(base, moved).transition_s == pytest.approx(10.0)  # the class default, unscaled
+    cm.observe(base, compiled, took(60.0, 3.0))  # measured: the measurement, not the scaled prior
+    assert cm.estimate(base, compiled).transition_s == pytest.approx(60.0)

@@ -253,7 +253,19 @@ class CostModel:
         # the H200 Triton compiles took 5-13 s against the default 20 s)
         cls_seen = self.class_obs.get(self.params[i].restart_class.value)
         p = self.params[i]
-        return p.prior_s if (p.own_prior and p.prior_s > 0) or not cls_seen else statistics.median(cls_seen)
+        if p.own_prior and p.prior_s > 0:
+            return p.prior_s * self.pace()
+        return statistics.median(cls_seen) if cls_seen else p.prior_s
+
+    def pace(self) -> float:
+        """This machine's seconds over the space file's, read off the worker starts measured (a start
+        and a compile are both the host's work): the priors were written on one machine, and a run on
+        another scales them until its own switches are measured (on an H100 whose host started a
+        worker in 5.8 s against the prior's 20 s, the first step compile took 48 s against its 150 s
+        prior: benchmarks/results/h100_live_10m)."""
+        if not self.start_obs or self.restart_prior_s <= 0:
+            return 1.0
+        return statistics.median(self.start_obs) / self.restart_prior_s
 
     def warm_fraction(self) -> float:
         """Warm over cold seconds, from the parameters measured both ways (WARM_FRACTION before)."""
