@@ -54,7 +54,7 @@ def replay(records: list, space, target: BuiltinTarget) -> list[dict]:
         if t.result.state in ("ok", "wrong"):
             rows.append({"number": rec.number, "run": rec.run_id, "actual_s": t.result.transition_s,
                          "predicted_s": est.transition_s, "restart_class": est.restart_class,
-                         "redone": list(est.redone), "cached": est.cached,
+                         "redone": list(est.redone), "changed": list(est.changed), "cached": est.cached,
                          "stored_s": stored.transition_s if stored else None, "fresh": built is None})
             caches.remember(to)
         costs.observe(built, t.params, t.result, est)
