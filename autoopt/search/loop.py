@@ -62,6 +62,7 @@ class SearchLoop:
         self._queue: list[Decision] = []
         self._handle: Any = None  # the trial _next_trial claimed, for _evaluate
         self._baseline_number: int | None = None
+        self._proposing_since: float | None = None  # target clock when this trial's choice began
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -114,8 +115,8 @@ class SearchLoop:
                     return step
                 decision, config, transition, busy = step
                 if decision is None:  # proposed, but it does not fit the budget
-                    retries += 1
-                    if retries >= self.settings.propose_retries:
+                    retries += 1  # asking again costs the loop's own seconds: not when only they are left
+                    if retries >= self.settings.propose_retries or self.budget.spendable_s <= self.costs.loop_s():
                         return f"budget: {self.budget.why_not(transition)}"
                     continue
                 retries = 0
@@ -130,6 +131,7 @@ class SearchLoop:
         """The next decision, its config, its transition and who else is measuring it (None: nobody,
         and the trial is begun); a str: why the run stops; decision None: it does not fit the budget
         (the transition slot then holds its expected seconds)."""
+        self._proposing_since = self.target.now()
         if not self._queue:
             self._refresh_history()  # trials other processes finished on this study meanwhile
         decision = self._queue.pop(0) if self._queue else self.strategy.propose(self._context())
@@ -138,10 +140,11 @@ class SearchLoop:
         config = self.space.params_to_config(decision.params)
         self._profile_if_new(decision)
         transition = self._estimate(decision, config)
-        if not self.budget.can_afford(decision.expected_cost_s, use_reserve=not self.trials):
+        needed_s = decision.expected_cost_s + self.costs.loop_s()
+        if not self.budget.can_afford(needed_s, use_reserve=not self.trials):
             if decision.kind in _QUEUED:
-                return f"budget: {self.budget.why_not(decision.expected_cost_s)}"
-            return None, config, decision.expected_cost_s, None
+                return f"budget: {self.budget.why_not(needed_s)}"
+            return None, config, needed_s, None
         return decision, config, transition, self._claim(decision, config)
 
     def _claim(self, decision: Decision, config: dict[str, Any]) -> Any:
@@ -242,6 +245,7 @@ class SearchLoop:
         self.observer.trial_started(handle.number, decision, restart_class)
         t0 = self.target.now()
         m = self._measure(handle, decision, config, t0)
+        measured_at = self.target.now()
         outcome = TrialOutcome(number=handle.number, params=dict(decision.params), measurement=m,
                                result=self._result(m, restart_class, t0), decision=decision)
         try:  # pure: explains the outcome before it is stored with it
@@ -259,6 +263,12 @@ class SearchLoop:
         self.trials.append(outcome)
         self.strategy.observe(outcome, self._context())
         self.observer.trial_finished(outcome, self._best(), self._baseline(), self.budget)
+        # the loop's own seconds around the measurement (choosing, recording, explaining): on the
+        # CPU's 2-minute run they were 0.25 s a trial, and the trials that did not budget for them
+        # ate the final confirmation's reserve
+        chose_s = t0 - self._proposing_since if self._proposing_since is not None else 0.0
+        self.costs.observe_loop(chose_s + self.target.now() - measured_at)
+        self._proposing_since = None
         return outcome
 
     def _measure(self, handle: Any, decision: Decision, config: dict[str, Any], t0: float) -> Measurement:
@@ -347,6 +357,7 @@ class SearchLoop:
         if best is not None and self.built_params is not None:
             facts = self.target.transition(self.space.params_to_config(best.params))
         reserve = self.costs.confirm_reserve_s(self.built_params, best.params if best is not None else None, facts)
+        reserve += self.costs.loop_s() + self.costs.overrun_s()  # the last trial may run long
         self.budget.set_reserve(reserve, self.settings.reserve_max_fraction)
 
     def _confirm(self) -> None:
@@ -364,9 +375,9 @@ class SearchLoop:
                                    f"{unit.unit or unit.quantity}) to confirm it outside the search",
                             confirms=best.number, parent=best.number)
         transition = self._estimate(decision, config)
-        if not self.budget.can_afford(decision.expected_cost_s, use_reserve=True):
-            self.observer.note(f"no time left to confirm trial #{best.number}: "
-                               f"{self.budget.why_not(decision.expected_cost_s)}")
+        needed_s = decision.expected_cost_s + self.costs.loop_s()
+        if not self.budget.can_afford(needed_s, use_reserve=True):
+            self.observer.note(f"no time left to confirm trial #{best.number}: {self.budget.why_not(needed_s)}")
             return
         busy = self._claim(decision, config)
         if busy is not None:
