@@ -78,13 +78,13 @@ class SearchLoop:
                 with self._turn():
                     self._confirm()
         except KeyboardInterrupt:
-            state, exit_code = "interrupted", self._interrupted_exit()
+            state, exit_code = "interrupted", stop_signals.exit_code(self._signal, EXIT_INTERRUPTED)
             stop_reason = f"interrupted by {signal_text(self._signal)}"
         finally:
-            self._restore_sigint(old_handler)
+            stop_signals.restore(old_handler)
         if state != "interrupted":
             if self._stop_requested:
-                state, exit_code = "interrupted", self._interrupted_exit()
+                state, exit_code = "interrupted", stop_signals.exit_code(self._signal, EXIT_INTERRUPTED)
                 stop_reason = f"interrupted by {signal_text(self._signal)} between trials"
             elif self.trials and all(t.objective is None for t in self.trials):
                 state, exit_code = "failed", EXIT_ALL_FAILED
@@ -263,9 +263,8 @@ class SearchLoop:
         self.trials.append(outcome)
         self.strategy.observe(outcome, self._context())
         self.observer.trial_finished(outcome, self._best(), self._baseline(), self.budget)
-        # the loop's own seconds around the measurement (choosing, recording, explaining): on the
-        # CPU's 2-minute run they were 0.25 s a trial, and the trials that did not budget for them
-        # ate the final confirmation's reserve
+        # the loop's own seconds around the measurement (choosing, recording, explaining; 0.25 s a
+        # trial on the CPU's 2-minute run, where trials that did not budget them ate the reserve)
         chose_s = t0 - self._proposing_since if self._proposing_since is not None else 0.0
         self.costs.observe_loop(chose_s + self.target.now() - measured_at)
         self._proposing_since = None
@@ -402,10 +401,3 @@ class SearchLoop:
                                "(press Ctrl-C again to abort)")
 
         return stop_signals.install(on_signal)
-
-    @staticmethod
-    def _restore_sigint(old: Any) -> None:
-        stop_signals.restore(old)
-
-    def _interrupted_exit(self) -> int:
-        return 128 + int(self._signal) if self._signal is not None else EXIT_INTERRUPTED

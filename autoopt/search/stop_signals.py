@@ -21,3 +21,8 @@ def restore(old: dict[int, Any] | None) -> None:
 
 def signal_text(sig: signal.Signals | None) -> str:
     return "Ctrl-C (SIGINT)" if sig in (None, signal.SIGINT) else sig.name
+
+
+def exit_code(sig: signal.Signals | None, default: int) -> int:
+    """128 + the signal's number (130, 143, 129); `default` when no signal is known."""
+    return 128 + int(sig) if sig is not None else default
