@@ -77,7 +77,7 @@ class CostModel:
         self.known_ratio: dict[str, list[float]] = {}  # measured / the target's known figure, per class
         self.measure_obs: list[float] = []
         self.loop_obs: list[float] = []  # the search loop's own seconds per trial, around the measurement
-        self.overrun_obs: list[float] = []  # a trial's seconds over its estimate (negative: under)
+        self.overrun_obs: list[float] = []  # a trial's seconds over its estimated seconds (a ratio)
         self.relaunch_obs: list[float] = []  # transitions from nothing known into a live process
         self.redo_obs: dict[tuple[int, bool], list[float]] = {}  # (parameter, cached) -> redo seconds
         self.start_obs: list[float] = []  # fresh starts that built nothing beyond the baseline
@@ -94,8 +94,8 @@ class CostModel:
             self.dearest_seen_s = max(self.dearest_seen_s, result.transition_s)
             if result.measure_s > 0:
                 self.measure_obs.append(result.measure_s)
-            if estimate is not None:
-                self.overrun_obs.append(result.cost_s - estimate.total_s)
+            if estimate is not None and estimate.total_s > 0:
+                self.overrun_obs.append(result.cost_s / estimate.total_s)
         if built is None:  # says nothing about switching one parameter
             if result.ok and estimate is not None and _warm_relaunch(estimate):
                 self.relaunch_obs.append(result.transition_s)
@@ -131,14 +131,15 @@ class CostModel:
         transition and measurement (choosing it, recording it, explaining it)."""
         self.loop_obs.append(max(0.0, seconds))
 
-    def overrun_s(self) -> float:
-        """How far a trial may run over its estimate: the 90th percentile of this run's overruns (0
-        before two are seen, or when trials come in under). The final confirmation's reserve keeps it
-        back, so that the last search trial running long does not leave the best unconfirmed (on the
-        CPU's 2-minute run trials of 2.2 s expected took 1.9-3.3 s, the last one ate the reserve)."""
+    def overrun(self) -> float:
+        """How far a trial may run over its estimate, as a factor: the 90th percentile of this run's
+        actual / estimated seconds (1 before two are seen, or when trials come in under). A search
+        trial starts only where its estimate times this fits before the final confirmation's reserve
+        (on the CPU's 2-minute run trials of 2.2 s expected took 1.9-3.3 s, and the last one ate the
+        reserve: the best went unconfirmed)."""
         if len(self.overrun_obs) < 2:
-            return 0.0
-        return max(0.0, statistics.quantiles(self.overrun_obs, n=10, method="inclusive")[-1])
+            return 1.0
+        return max(1.0, statistics.quantiles(self.overrun_obs, n=10, method="inclusive")[-1])
 
     def loop_s(self) -> float:
         """The loop's own seconds a trial (median; 0 before the first trial and on a simulated clock,

@@ -140,7 +140,8 @@ class SearchLoop:
         config = self.space.params_to_config(decision.params)
         self._profile_if_new(decision)
         transition = self._estimate(decision, config)
-        needed_s = decision.expected_cost_s + self.costs.loop_s()
+        # a search trial must fit as it may run long (the reserve then stays whole for the confirmation)
+        needed_s = decision.expected_cost_s * self.costs.overrun() + self.costs.loop_s()
         if not self.budget.can_afford(needed_s, use_reserve=not self.trials):
             if decision.kind in _QUEUED:
                 return f"budget: {self.budget.why_not(needed_s)}"
@@ -356,7 +357,7 @@ class SearchLoop:
         if best is not None and self.built_params is not None:
             facts = self.target.transition(self.space.params_to_config(best.params))
         reserve = self.costs.confirm_reserve_s(self.built_params, best.params if best is not None else None, facts)
-        reserve += self.costs.loop_s() + self.costs.overrun_s()  # the last trial may run long
+        reserve += self.costs.loop_s()
         self.budget.set_reserve(reserve, self.settings.reserve_max_fraction)
 
     def _confirm(self) -> None:
