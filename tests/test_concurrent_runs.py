@@ -80,7 +80,13 @@ def _check(url: str, n: int, measure_lock: bool) -> None:
         rows = store.trials("c", with_samples=False)
         runs = store.runs("c")
     assert len(runs) == n and all(r.state == "finished" for r in runs)
-    assert sorted({r.run_id for r in rows}) == sorted(r.id for r in runs)  # every run measured
+    measured = {r.run_id for r in rows}
+    assert len(measured) >= 2  # they overlapped
+    # A run the machine started late may find the study explored by its peers: its agent, reading
+    # their trials, stops before measuring one (CI, 2 cores under load: "strategy stopped: ... not
+    # worth it", 14 trials in the study). That is the agent's rule, not a lost run.
+    idle = [r for r in runs if r.id not in measured]
+    assert all(r.stop_reason.startswith("strategy stopped") for r in idle), [r.stop_reason for r in idle]
     baselines = [r for r in rows if r.is_baseline]
     assert len(baselines) == 1, [(r.number, r.run_id) for r in baselines]  # one shared baseline
     key = lambda r: json.dumps(r.params, sort_keys=True)  # noqa: E731
