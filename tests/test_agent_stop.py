@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from autoopt.search.agent.stop import DEFAULT_MIN_GAIN, MinGain, StopRule
+from autoopt.search.cost import CostModel
+from autoopt.search.strategy import SearchContext
+from autoopt.targets.replay.target import ReplayTarget, replay_space
 from autoopt.trial import CostEstimate
 from autoopt.errors import UserError
 
@@ -72,6 +76,24 @@ def test_budget_must_fit_the_candidate_and_the_final_confirmation():
     assert pick is cheap
     pick, why = rule.check(ranked, budget_left_s=400, reserve_s=300)
     assert pick is None and why.startswith("budget:") and "final confirmation" in why
+
+
+def test_the_agent_fits_a_candidate_as_the_loop_does_with_its_overrun_and_its_own_seconds():
+    """A run whose trials ran up to 1.9x their estimates and whose loop spends 1 s a trial: an 8-minute
+    candidate with 10 minutes spendable does not fit the loop's check (8 x 1.9 + 1 s), so the agent
+    takes the cheap one that does, instead of proposing what the loop refuses (which ended runs on
+    "budget" with time left)."""
+    space = replay_space(ReplayTarget(Path(__file__).resolve().parent / "fixtures" / "replay" / "casestudy.csv"))
+    costs = CostModel(space)
+    costs.overrun_obs += [1.0, 2.0]
+    costs.loop_obs.append(1.0)
+    assert costs.needed_s(480.0) == pytest.approx(480.0 * 1.9 + 1.0)
+    ctx = SearchContext(space, None, [], budget_left_s=900.0, reserve_s=300.0, built_params=None, costs=costs)
+    assert ctx.spendable_s == 600.0 and ctx.fits(300.0) and not ctx.fits(480.0)
+    big, cheap = cand(0.05), cand(0.01, transition_s=0.0, label="moe_experts=grouped")
+    ranked = sorted([big, cheap], key=lambda c: -c.rate)
+    assert StopRule("1%/10min").check(ranked, 900.0, 300.0)[0] is big  # the bare estimate fits
+    assert StopRule("1%/10min").check(ranked, 900.0, 300.0, fits=ctx.fits)[0] is cheap
 
 
 def test_nothing_left_is_a_stop():

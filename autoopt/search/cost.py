@@ -141,6 +141,13 @@ class CostModel:
             return 1.0
         return max(1.0, statistics.quantiles(self.overrun_obs, n=10, method="inclusive")[-1])
 
+    def needed_s(self, expected_s: float) -> float:
+        """What a search trial expected at `expected_s` must find in the budget: its estimate times
+        this run's overrun, plus the loop's own seconds. The loop's budget check and the agent's
+        choice of a candidate that fits both ask this (the agent once checked the bare estimate, and
+        a run could end on the budget with a cheaper candidate that would have fitted)."""
+        return expected_s * self.overrun() + self.loop_s()
+
     def loop_s(self) -> float:
         """The loop's own seconds a trial (median; 0 before the first trial and on a simulated clock,
         which only the target advances): the budget checks add it to a trial's estimate."""

@@ -141,7 +141,7 @@ class SearchLoop:
         self._profile_if_new(decision)
         transition = self._estimate(decision, config)
         # a search trial must fit as it may run long (the reserve then stays whole for the confirmation)
-        needed_s = decision.expected_cost_s * self.costs.overrun() + self.costs.loop_s()
+        needed_s = self.costs.needed_s(decision.expected_cost_s)
         if not self.budget.can_afford(needed_s, use_reserve=not self.trials):
             if decision.kind in _QUEUED:
                 return f"budget: {self.budget.why_not(needed_s)}"

@@ -70,6 +70,15 @@ class SearchContext:
     costs: CostModel  # the loop's one cost model (read it; the loop teaches it)
     objective_name: str = "tok_per_s"
 
+    @property
+    def spendable_s(self) -> float:
+        """The budget left outside the confirmation's reserve."""
+        return max(0.0, self.budget_left_s - self.reserve_s)
+
+    def fits(self, expected_s: float) -> bool:
+        """Whether a search trial expected at `expected_s` fits: the loop's own check (CostModel.needed_s)."""
+        return self.costs.needed_s(expected_s) <= self.spendable_s
+
 
 class Strategy(Protocol):
     name: str

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from autoopt.errors import UserError
 from autoopt.units import format_duration
@@ -96,21 +96,23 @@ class StopRule:
                 "confirmation: stopping")
 
     def check(self, ranked: list[Any], budget_left_s: float, reserve_s: float,
-              n_measured: int | None = None) -> tuple[Any | None, str | None]:
+              n_measured: int | None = None, fits: Callable[[float], bool] | None = None) -> tuple[Any | None, str | None]:
         """The candidate to try (the best that fits the budget) and None, or a cheap candidate to
         explore and why (fewer than `min_trials` configurations measured: `n_measured`), or None and
         the reason to stop.
 
         `ranked`: scored candidates, best first (each with .rate, .cost.total_s, .label, .gain,
-        .gain_sd, .worth)."""
+        .gain_sd, .worth); `fits(expected_s)`: whether a trial expected at that fits the budget (the
+        loop's check, SearchContext.fits; by default its estimate within what the reserve leaves)."""
         if not ranked:
             return None, "nothing left to try: every configuration of the space was measured or is invalid"
         best = ranked[0]
         spendable = max(0.0, budget_left_s - reserve_s)
+        fits = fits or (lambda expected_s: expected_s <= spendable)
         if not self.worth_it(best):
             if n_measured is not None and n_measured < self.min_trials:
-                limit = min(spendable, self.explore_max_fraction * budget_left_s)
-                cheap = [c for c in ranked if c.cost.total_s <= limit]
+                limit = self.explore_max_fraction * budget_left_s
+                cheap = [c for c in ranked if c.cost.total_s <= limit and fits(c.cost.total_s)]
                 if cheap:
                     pick = max(cheap, key=lambda c: c.gain + 2.0 * c.gain_sd)
                     return pick, (f"exploring: no candidate is worth {self.min_gain.text} by the model, "
@@ -118,7 +120,7 @@ class StopRule:
                                   f"{self.min_trials}); the most optimistic cheap one")
             return None, self.not_worth_reason(best)
         for cand in ranked:
-            if cand.cost.total_s <= spendable:
+            if fits(cand.cost.total_s):
                 if not self.worth_it(cand):
                     return None, self.budget_reason(best, spendable, reserve_s)
                 return cand, None

@@ -123,7 +123,8 @@ class AgentStrategy:
             repeat = self._repeat_decision(ctx, built, "")
             if repeat is not None and not self._explore_first(repeat, lead, ranked, ctx):
                 return repeat
-        pick, why = self.stop_rule.check(ranked, ctx.budget_left_s, ctx.reserve_s, n_measured=len(self._evaluated))
+        pick, why = self.stop_rule.check(ranked, ctx.budget_left_s, ctx.reserve_s, n_measured=len(self._evaluated),
+                                         fits=ctx.fits)
         if pick is None and not why.startswith("budget"):
             pick, why = self._before_stopping(ctx, inc_code, f_best, built, ranked, why)
         if pick is None:
@@ -150,12 +151,11 @@ class AgentStrategy:
                          ranked: list[Any], why: str) -> tuple[Any | None, str]:
         """The stop rule says nothing is worth it: stop only on a calibrated model that leaves
         nothing cheap and plausible untried (an untried one-knob move of the incumbent)."""
-        spendable = max(0.0, ctx.budget_left_s - ctx.reserve_s)
-        cheap_s = min(spendable, COVER_MAX_FRACTION * ctx.budget_left_s)
+        cheap_s = COVER_MAX_FRACTION * ctx.budget_left_s
 
         def plausible(c: Any) -> bool:  # cheap, more likely to run than fail, and worth it at 2 sd
             optimistic = math.expm1(c.mu + 2.0 * c.gain_sd - f_best) * (1.0 - c.p_fail)
-            return c.cost.total_s <= cheap_s and c.p_fail < COVER_MAX_FAIL and \
+            return c.cost.total_s <= cheap_s and ctx.fits(c.cost.total_s) and c.p_fail < COVER_MAX_FAIL and \
                 optimistic >= self.stop_rule.min_gain.rate * max(c.cost.total_s, 1.0)
 
         margin = self._worth_with_margin(ranked, f_best, ctx)
@@ -183,8 +183,7 @@ class AgentStrategy:
     def _worth_with_margin(self, ranked: list[Any], f_best: float, ctx: SearchContext) -> Any | None:
         """The candidate with the best rate if every sd were STOP_SD_MARGIN times wider, when that rate
         clears the stop rule's; else None."""
-        spendable = max(0.0, ctx.budget_left_s - ctx.reserve_s)
-        fits = [c for c in ranked if c.cost.total_s <= spendable]
+        fits = [c for c in ranked if ctx.fits(c.cost.total_s)]
         if not fits:
             return None
         mu = np.array([c.mu for c in fits])
@@ -363,8 +362,7 @@ class AgentStrategy:
     def _explore_first(self, repeat: Decision, lead: float, ranked: list[Any], ctx: SearchContext) -> bool:
         """Settling a lead inside the noise is worth at most the lead (keeping the wrong one of two
         near-equal configurations): a candidate worth more per second goes first; the repeat waits."""
-        spendable = max(0.0, ctx.budget_left_s - ctx.reserve_s)
-        best = next((c for c in ranked if c.cost.total_s <= spendable), None)
+        best = next((c for c in ranked if ctx.fits(c.cost.total_s)), None)
         if best is None or repeat.expected_cost is None:
             return False
         settle_rate = lead / max(repeat.expected_cost.total_s, 1.0)
@@ -384,7 +382,7 @@ class AgentStrategy:
                  for k in (ch, inc)}
         key = self.noise.next_to_measure(ch, inc, {k: c.total_s for k, c in costs.items()})
         cost = costs[key]
-        if cost.total_s > max(0.0, ctx.budget_left_s - ctx.reserve_s):
+        if not ctx.fits(cost.total_s):
             self.notes.append("no budget left to settle a challenger inside the noise: incumbent kept")
             self.pending = None
             return None
