@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autoopt.search import registry as strategies
+from autoopt.search import registry as strategies, resume
 from autoopt.search.budget import Budget
 from autoopt.cli.live_view import LiveView
 from autoopt.search.loop import LoopSettings, SearchLoop
@@ -314,7 +314,8 @@ def test_a_continued_study_learns_measurement_costs_from_its_recorded_trials(tmp
     store.close()
     again, _ = _loop(tmp_path, "random", max_trials=1, target=ReplayTarget(TABLE, seed=2))
     assert again.costs.measure_s() == 60.0  # nothing learned yet
-    queue = again._resume_queue()  # nothing interrupted: this run's own baseline only, profiled
+    again.history, queue = resume.history_and_queue(again.store, again.space, again.settings.study_name, again.costs)
+    # nothing interrupted: this run's own baseline only, profiled
     assert [(d.source, d.profile, d.rerun_of) for d in queue] == [("baseline", True, None)]
     assert len(again.history) >= 3 and again.costs.measure_s() == pytest.approx(120.0, rel=0.05)
 

@@ -102,7 +102,9 @@ class SearchLoop:
     def _search(self) -> str:
         """Trials until something says stop; returns why. Each trial is chosen, claimed and measured
         in this host's measuring turn (runs on one host take turns; LoopSettings.measure_lock)."""
-        self._queue = self._resume_queue()
+        # the study's history (teaching the cost model); the baseline and interrupted trials queued first
+        self.history, self._queue = resume.history_and_queue(self.store, self.space, self.settings.study_name,
+                                                             self.costs)
         self.observer.run_started(self.space, self.budget, len(self.history), self.settings.study_name)
         search_count = retries = 0
         while True:
@@ -173,13 +175,6 @@ class SearchLoop:
         return None
 
     # ---- resume --------------------------------------------------------------------------------
-    def _resume_queue(self) -> list[Decision]:
-        """Load the study's history (and teach the cost model from it); queue the baseline and the
-        interrupted trials (autoopt.search.resume)."""
-        self.history, queue = resume.history_and_queue(self.store, self.space, self.settings.study_name,
-                                                       self.costs)
-        return queue
-
     def _refresh_history(self) -> None:
         known = {t.number for t in self.history} | {t.number for t in self.trials}
         fresh = [outcome_from_record(r) for r in self.store.trials(
