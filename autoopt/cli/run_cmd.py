@@ -15,7 +15,8 @@ import typer
 from autoopt.cli.app import app
 
 EPILOG = ("Exit codes: 0 = finished (budget spent, --max-trials reached, or the strategy judged no "
-          "further trial worth it); 1 = finished but every trial of this run failed; 2 = bad input or "
+          "further trial worth it); 1 = finished but every trial of this run failed (and no run beside it "
+          "measured a baseline that worked); 2 = bad input or "
           "infrastructure (unreadable or invalid space file, unknown knob/strategy/target, bad "
           "--budget, unreachable database); 130 = interrupted by Ctrl-C (what finished is recorded, "
           "the running trial as interrupted; run again to continue); 143 / 129 = the same, stopped by "

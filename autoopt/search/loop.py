@@ -86,7 +86,8 @@ class SearchLoop:
             if self._stop_requested:
                 state, exit_code = "interrupted", stop_signals.exit_code(self._signal, EXIT_INTERRUPTED)
                 stop_reason = f"interrupted by {signal_text(self._signal)} between trials"
-            elif self.trials and all(t.objective is None for t in self.trials):
+            elif self.trials and all(t.objective is None for t in self.trials) and self._baseline() is None:
+                # beside a run whose shared baseline worked, this run's failures are data (exit 0)
                 state, exit_code = "failed", EXIT_ALL_FAILED
                 stop_reason = f"every trial of this run failed; {stop_reason}"
         self.store.finish_run(self.run_id, state, stop_reason)
