@@ -19,7 +19,7 @@
 # `table` first follows the run in flight to its end (and exports it), so `start` then `table` is the
 # from-empty check without its resume in two calls (a machine handed back between calls takes the
 # study with it).
-# The table measures each row twice in one process, in both orders (h200_decode.py --passes 2: a
+# The table measures each row twice in one process, in both orders (h200_decode.py --passes 2, PASSES=1: once; a
 # row measured later in a process reads slower), and reports each mix over the hand-tuned row's.
 # Every stage copies what exists so far into $OUT as one live.tgz (the device returns at most 8 files).
 # The code that runs is the tree of the first call, copied to $LIVE/src: later calls re-send the
@@ -90,7 +90,7 @@ case "${1:-}" in
     bests=(); for f in "$LIVE"/config2.yaml "$LIVE"/config1.yaml; do [ -f "$f" ] && bests+=(--best "$f"); done
     # a fresh machine (the last one went back between calls) has no study: say so, not just a lone row
     [ ${#bests[@]} -gt 0 ] || echo "warning: no exported best in $LIVE (no study on this machine): only the hand-tuned row is measured; export one from the last archive and pass it to h200_decode.py --best"
-    timeout ${DECODE_S:-420} python3 benchmarks/h200_decode.py --no-compile --samples 10 --passes 2 \
+    timeout ${DECODE_S:-420} python3 benchmarks/h200_decode.py --no-compile --samples 10 --passes ${PASSES:-2} \
         --only "$HAND_TUNED" "${bests[@]}" --out "$LIVE/h200_decode.json" \
         > "$LIVE/decode.log" 2>&1; tail -12 "$LIVE/decode.log" ;;
   *) echo "usage: $0 start|wait|finish|table"; exit 2 ;;
