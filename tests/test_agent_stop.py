@@ -93,7 +93,9 @@ def test_the_agent_fits_a_candidate_as_the_loop_does_with_its_overrun_and_its_ow
     big, cheap = cand(0.05), cand(0.01, transition_s=0.0, label="moe_experts=grouped")
     ranked = sorted([big, cheap], key=lambda c: -c.rate)
     assert StopRule("1%/10min").check(ranked, 900.0, 300.0)[0] is big  # the bare estimate fits
-    assert StopRule("1%/10min").check(ranked, 900.0, 300.0, fits=ctx.fits)[0] is cheap
+    assert StopRule("1%/10min").check(ranked, 900.0, 300.0, needed=costs.needed_s)[0] is cheap
+    pick, why = StopRule("1%/10min").check([big], 900.0, 300.0, needed=costs.needed_s)
+    assert pick is None and "needs 8m00s (restart 5m00s + measure 3m00s) (15m13s with this run's overruns" in why
 
 
 def test_nothing_left_is_a_stop():

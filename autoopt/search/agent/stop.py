@@ -90,25 +90,32 @@ class StopRule:
                 f"{self.min_gain.per_unit_text(scored.rate)} < {self.min_gain.text}: stopping")
 
     @staticmethod
-    def budget_reason(scored: Any, spendable_s: float, reserve_s: float) -> str:
-        return (f"budget: the best candidate {scored.label} needs {scored.cost.text()}, only "
+    def budget_reason(scored: Any, spendable_s: float, reserve_s: float, needed_s: float | None = None) -> str:
+        more = "" if needed_s is None or needed_s <= scored.cost.total_s + 0.05 else \
+            f" ({format_duration(needed_s)} with this run's overruns and the loop's own seconds)"
+        return (f"budget: the best candidate {scored.label} needs {scored.cost.text()}{more}, only "
                 f"{format_duration(spendable_s)} left after keeping {format_duration(reserve_s)} for the final "
                 "confirmation: stopping")
 
     def check(self, ranked: list[Any], budget_left_s: float, reserve_s: float,
-              n_measured: int | None = None, fits: Callable[[float], bool] | None = None) -> tuple[Any | None, str | None]:
+              n_measured: int | None = None, needed: Callable[[float], float] | None = None
+              ) -> tuple[Any | None, str | None]:
         """The candidate to try (the best that fits the budget) and None, or a cheap candidate to
         explore and why (fewer than `min_trials` configurations measured: `n_measured`), or None and
         the reason to stop.
 
         `ranked`: scored candidates, best first (each with .rate, .cost.total_s, .label, .gain,
-        .gain_sd, .worth); `fits(expected_s)`: whether a trial expected at that fits the budget (the
-        loop's check, SearchContext.fits; by default its estimate within what the reserve leaves)."""
+        .gain_sd, .worth); `needed(expected_s)`: what a trial expected at that must find in the budget
+        (the loop's check, CostModel.needed_s; by default its estimate)."""
         if not ranked:
             return None, "nothing left to try: every configuration of the space was measured or is invalid"
         best = ranked[0]
         spendable = max(0.0, budget_left_s - reserve_s)
-        fits = fits or (lambda expected_s: expected_s <= spendable)
+        needed = needed or (lambda expected_s: expected_s)
+
+        def fits(expected_s: float) -> bool:
+            return needed(expected_s) <= spendable
+
         if not self.worth_it(best):
             if n_measured is not None and n_measured < self.min_trials:
                 limit = self.explore_max_fraction * budget_left_s
@@ -122,6 +129,6 @@ class StopRule:
         for cand in ranked:
             if fits(cand.cost.total_s):
                 if not self.worth_it(cand):
-                    return None, self.budget_reason(best, spendable, reserve_s)
+                    return None, self.budget_reason(best, spendable, reserve_s, needed(best.cost.total_s))
                 return cand, None
-        return None, self.budget_reason(best, spendable, reserve_s)
+        return None, self.budget_reason(best, spendable, reserve_s, needed(best.cost.total_s))

@@ -124,7 +124,7 @@ class AgentStrategy:
             if repeat is not None and not self._explore_first(repeat, lead, ranked, ctx):
                 return repeat
         pick, why = self.stop_rule.check(ranked, ctx.budget_left_s, ctx.reserve_s, n_measured=len(self._evaluated),
-                                         fits=ctx.fits)
+                                         needed=ctx.costs.needed_s)
         if pick is None and not why.startswith("budget"):
             pick, why = self._before_stopping(ctx, inc_code, f_best, built, ranked, why)
         if pick is None:
