@@ -32,7 +32,7 @@ class _Script:
         return Decision(dict(self.space.baseline_params(), **self.changes.pop(0)), "scripted", "scripted")
 
     def observe(self, outcome, ctx):
-        pass
+        """A script learns nothing from what it measured."""
 
 
 class _StartBesideAfterBaseline(NullObserver):
