@@ -148,6 +148,9 @@ def _print_result(result: Any) -> None:
     accuracy = result.transition_accuracy()
     if accuracy is not None:
         out.print(accuracy.text())
+    calibration = result.gain_calibration()
+    if calibration is not None:
+        out.print(calibration.text())
     base, best, conf = result.baseline, result.best, result.confirmation
     out.print(f"objective: {unit.describe()}", markup=False)
     if base is not None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from autoopt.search.memory_store import MemoryStore
-from autoopt.search.run_types import transition_seconds, transition_within
+from autoopt.search.run_types import gain_inside, transition_seconds, transition_within
 from autoopt.targets.replay.target import ReplayTarget, replay_space
 from autoopt.targets.replay.table import ReplayTable, load_table
 from autoopt.trial import DecisionSource
@@ -42,7 +42,6 @@ from autoopt.units import format_duration
 
 DEFAULT_STRATEGIES = ("agent", "tpe", "random", "grid")
 WITHIN = 0.01
-Z95 = 1.96
 
 
 class _ReachObserver:
@@ -87,12 +86,10 @@ class _ReachObserver:
             self.cost_within += transition_within(*pair)
         if self._base_log is None and baseline is not None and baseline.objective:
             self._base_log = math.log(baseline.objective)
-        notes = d.notes or {}
-        pred, sd = notes.get("pred_log"), notes.get("pred_sd")
-        if pred is None or sd is None or outcome.objective is None or self._base_log is None:
-            return
-        self.calib_n += 1
-        self.calib_inside += abs(math.log(outcome.objective) - self._base_log - pred) <= Z95 * sd
+        inside = gain_inside(outcome, self._base_log)  # the run summary's count (run_types.gain_calibration)
+        if inside is not None:
+            self.calib_n += 1
+            self.calib_inside += inside
 
     def _update(self, now: float) -> None:
         best = self._best

@@ -1,8 +1,10 @@
 """What a search loop is told (LoopSettings) and what it returns (RunResult), with its exit codes;
-re-exported by autoopt.search.loop. Also how well the one cost model predicted this run's transitions
-(`RunResult.transition_accuracy()`, in the run summary)."""
+re-exported by autoopt.search.loop. Also, in the run summary, how well this run's predictions held: the
+one cost model's transition seconds (`RunResult.transition_accuracy()`) and the strategy's predicted
+gains (`RunResult.gain_calibration()`, the same count `bench-search` reports as calibration)."""
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +15,7 @@ from autoopt.units import format_duration
 EXIT_OK, EXIT_ALL_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 TRANSITION_WITHIN = 0.5  # a transition is predicted well when the actual is within 50 % of the prediction
 TRANSITION_FLOOR_S = 0.5  # ... or within this many seconds of it: a sub-second miss is no miss on the clock
+Z95 = 1.96  # a measured gain within the predicted mean +- Z95 sd is inside its predicted 95 % interval
 
 
 @dataclass
@@ -79,6 +82,43 @@ def transition_accuracy(trials: list[TrialOutcome]) -> TransitionAccuracy | None
                               median_ratio=statistics.median(ratios) if ratios else None, n_ratio=len(ratios))
 
 
+def gain_inside(t: TrialOutcome, base_log: float | None) -> bool | None:
+    """Whether the trial's measured gain, log(objective / the baseline's), fell inside the 95 %
+    interval predicted when the trial was chosen (the decision's notes `pred_log` and `pred_sd`, which
+    the agent records); None without a prediction, a measurement or a baseline."""
+    notes = t.decision.notes if t.decision is not None else None
+    if not notes or notes.get("pred_log") is None or notes.get("pred_sd") is None:
+        return None
+    if base_log is None or not t.objective:
+        return None
+    return abs(math.log(t.objective) - base_log - float(notes["pred_log"])) <= Z95 * float(notes["pred_sd"])
+
+
+@dataclass(frozen=True)
+class GainCalibration:
+    """How many of a run's measured gains fell inside the 95 % interval predicted for them."""
+
+    n: int  # trials with a predicted gain and a measurement
+    inside: int
+
+    @property
+    def share_inside(self) -> float:
+        return self.inside / self.n if self.n else 0.0
+
+    def text(self) -> str:
+        return (f"calibration: {self.inside} of {self.n} measured gains ({100 * self.share_inside:.0f}%) inside "
+                f"the 95% interval predicted when the trial was chosen")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"trials": self.n, "inside_95pct": self.inside, "share_inside_95pct": self.share_inside}
+
+
+def gain_calibration(trials: list[TrialOutcome], baseline: TrialOutcome | None) -> GainCalibration | None:
+    base_log = math.log(baseline.objective) if baseline is not None and baseline.objective else None
+    scored = [x for x in (gain_inside(t, base_log) for t in trials) if x is not None]
+    return GainCalibration(n=len(scored), inside=sum(scored)) if scored else None
+
+
 @dataclass
 class RunResult:
     run_id: int
@@ -97,3 +137,7 @@ class RunResult:
     def transition_accuracy(self) -> TransitionAccuracy | None:
         """Predicted vs actual transition seconds over this run's trials (None: no prediction)."""
         return transition_accuracy(self.trials)
+
+    def gain_calibration(self) -> GainCalibration | None:
+        """This run's predicted gains against the measurements (None: no strategy predicted one)."""
+        return gain_calibration(self.trials, self.baseline)

@@ -373,7 +373,7 @@ def summary(result: RunResult) -> dict[str, Any]:
                 "params": t.params, "cost_s": t.cost_s, "transition_s": _transition(t),
                 "failure": (f"{t.measurement.failure.kind}: {t.measurement.failure.reason}"
                             if t.measurement.failure else None)}
-    accuracy = result.transition_accuracy()
+    accuracy, calibration = result.transition_accuracy(), result.gain_calibration()
     return {
         "run_id": result.run_id, "study": result.study_name, "state": result.state,
         "stop_reason": result.stop_reason, "exit_code": result.exit_code,
@@ -381,6 +381,7 @@ def summary(result: RunResult) -> dict[str, Any]:
         "trials_in_study": len(result.history) + sum(1 for t in result.trials if t.decision is not None
                                                      and t.decision.kind is DecisionSource.CONFIRM),
         "warm_start": result.warm_start, "transitions": accuracy.to_json() if accuracy is not None else None,
+        "calibration": calibration.to_json() if calibration is not None else None,
         "baseline": trial(result.baseline),
         "best": trial(result.best), "confirmation": trial(result.confirmation),
         "trials": [trial(t) for t in result.trials],

@@ -18,7 +18,8 @@ import math
 
 import numpy as np
 
-Z95 = 1.96
+from autoopt.search.run_types import Z95  # the run summary's and bench-search's count use the same interval
+
 Z90 = 1.645
 WINDOW = 20
 SCALE_WINDOW = 40
