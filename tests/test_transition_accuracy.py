@@ -1,5 +1,7 @@
-"""Predicted vs actual transition seconds per trial, and their agreement in the run summary: a real
-`autoopt run` on a replay table whose every new configuration compiles (tests/fixtures/replay/tiles.csv)."""
+"""What the run summary says of the run's predictions: predicted vs actual transition seconds per trial
+and their agreement, and the agent's calibration (its measured gains inside their predicted 95 %
+interval; the count itself: tests/test_gain_calibration.py). A real `autoopt run` on a replay table
+whose every new configuration compiles (tests/fixtures/replay/tiles.csv)."""
 from __future__ import annotations
 
 import json
@@ -19,10 +21,10 @@ def test_within_means_within_half_the_prediction_or_half_a_second():
     assert transition_within(0.0, 0.4) and not transition_within(0.0, 0.7)  # a fresh "free" switch that was not
 
 
-def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, *args: str, max_trials: int = 10) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "autoopt.cli", "run", "--plain", "--db", str(tmp_path / "db.sqlite"),
-                           "--target", f"replay:{TILES}", "--seed", "4", "--max-trials", "10", "--budget", "2h",
-                           *args], capture_output=True, text=True, cwd=tmp_path, timeout=240)
+                           "--target", f"replay:{TILES}", "--seed", "4", "--max-trials", str(max_trials),
+                           "--budget", "2h", *args], capture_output=True, text=True, cwd=tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -46,3 +48,16 @@ def test_summary_counts_the_trials_predicted_within_50_percent(tmp_path):
     assert "transitions: " in text and " trials that ran (" in text and "within 50% of the predicted seconds; median error" in text
     if "actual/predicted median" in text:  # a ratio names how many trials it is the median of
         assert re.search(r"actual/predicted median x[0-9.]+ over the [0-9]+ predicted above 0.5s", text)
+
+
+def test_run_prints_and_reports_its_calibration_and_says_nothing_without_predictions(tmp_path):
+    doc = json.loads(_run(tmp_path, "--json", max_trials=25).stdout)  # most of tiles' trials fail: 25 for a few
+    calib = doc["calibration"]
+    assert calib["trials"] >= 3 and 0 <= calib["inside_95pct"] <= calib["trials"]
+    assert abs(calib["share_inside_95pct"] - calib["inside_95pct"] / calib["trials"]) < 1e-12
+    text = _run(tmp_path, "--study", "plain", max_trials=25).stdout
+    assert "measured gains (" in text and "inside the 95% interval predicted when the trial was chosen" in text
+    # random search predicts no gain: no line, and null in the JSON (not 0 of 0)
+    doc = json.loads(_run(tmp_path, "--study", "random", "--strategy", "random", "--json").stdout)
+    assert doc["calibration"] is None
+    assert "calibration:" not in _run(tmp_path, "--study", "random2", "--strategy", "random").stdout
