@@ -116,3 +116,20 @@ def test_without_the_layers_a_tile_moved_to_another_layer_is_a_new_specialisatio
     on_layer_2 = dict(norm(attention="mma"), layer_overrides=[[2, "attn_block_kv", 32]])
     built_in(caches, norm(attention="mma"), on_layer_1)
     assert caches.warm_for(on_layer_1) and not caches.warm_for(on_layer_2)
+
+
+def test_a_surviving_worker_that_compiled_a_step_names_the_re_trace_for_a_new_kernel(norm):
+    """After a failed trial its worker lives on with nothing trusted in it. A configuration with a kernel
+    new to it re-traces a step Dynamo compiled before (the redo the cost model prices), not the first
+    step compile of a fresh worker (such relaunches took 5-36 s on the H200 and were priced as a fresh
+    start's 120-151 s: h200_live_10m run 2, h200_live_10m_run3 run 2)."""
+    caches = WorkerCaches()
+    sc = dict(moe_experts="grouped", step_compile="inductor")
+    built_in(caches, norm(**sc))
+    new_kernel = norm(attention="mma", attn_split_k=2, **sc)
+    t = transition_facts(None, new_kernel, caches, alive=True)
+    assert t.restart_class == "rebuild" and not t.cached and t.redone == ("step_compile",)
+    assert transition_facts(None, norm(**sc), caches, alive=True).redone == ()  # warm for it: no redo
+    eager = WorkerCaches()  # a worker that never step-compiled has no re-trace to name
+    built_in(eager, norm(moe_experts="grouped"))
+    assert transition_facts(None, new_kernel, eager, alive=True).redone == ()

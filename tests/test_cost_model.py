@@ -299,3 +299,20 @@ def test_a_knobs_own_prior_follows_this_machines_pace_read_off_its_worker_starts
     assert cm.estimate(base, moved).transition_s == pytest.approx(10.0)  # the class default, unscaled
     cm.observe(base, compiled, took(60.0, 3.0))  # measured: the measurement, not the scaled prior
     assert cm.estimate(base, compiled).transition_s == pytest.approx(60.0)
+
+
+def test_a_live_worker_not_warm_for_a_compiled_step_pays_a_retrace_not_a_start(space):
+    """After a failure its worker survived, a configuration with a kernel new to it re-traces a step
+    the worker compiled before (the target names the redo): no start and no first step compile (on
+    the H200 5-36 s, priced at a fresh start's 120-151 s: h200_live_10m_run3 run 2)."""
+    cm = CostModel(space)
+    sc = params(space, glue="compile")  # this space's compiled step
+    moved = {**sc, "moe_experts": "grouped"}
+    retrace = Transition("rebuild", ("moe_experts",), redone=("glue",))
+    for seconds in (12.0, 14.0):
+        cm.observe(sc, moved, took(seconds, 5.0), cm.estimate(sc, moved, retrace))
+    relaunch = Transition("rebuild", tuple(p.knob for p in cm.params), redone=("glue",))
+    est = cm.estimate(None, moved, relaunch)
+    assert est.transition_s == pytest.approx(13.0) and est.restart_class == "rebuild"
+    fresh = cm.estimate(None, moved, Transition("rebuild", ()))  # nothing redone: a fresh start, cold
+    assert fresh.restart_class == "restart" and fresh.transition_s >= 60.0

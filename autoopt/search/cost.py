@@ -20,7 +20,8 @@ A switch may redo a knob's build work though that knob keeps its value (`Transit
 step_compile every new configuration re-traces the step, under CUDA graphs every switch captures
 again): its seconds are learned apart (`redo_obs`), cold and warm apart (a re-trace that compiles a
 new kernel took 8-12 s on the H200, one whose kernels were all cached 0.5-0.8 s), before the first
-the knob's warm switch.
+the knob's warm switch. A live process after a failure that is not warm for the configuration but
+names a redo (it step-compiled before) pays that redo, cold, not a fresh start.
 Nothing changed: free. Nothing built (the first trial, or after a crash): a fresh start, which costs
 a worker's start (learned from fresh starts of configurations that build nothing beyond the
 baseline, else the space's restart prior) plus the dearest compile of the knobs the configuration
@@ -164,10 +165,15 @@ class CostModel:
         """Cost of evaluating `params` with `built` running now (None: nothing runs: a fresh start);
         `transition` is the target's Transition for it, when asked."""
         changed = list(range(len(self.params))) if built is None else self._changed(built, params)
-        redone = [] if built is None else self._redone(transition)
+        redone = self._redone(transition)
         cls = RestartClass.RESTART if built is None else self._class_of(changed)
         known = getattr(transition, "known_s", None)
         live = built is None and transition is not None and _warm_relaunch(transition)
+        # a live process that is not warm for `params` but names the build it redoes: no start, the redo
+        retrace = built is None and not live and bool(redone) and known is None and (
+            getattr(transition, "restart_class", None) == RestartClass.REBUILD.value)
+        if built is None and not retrace:
+            redone = []
         if live:
             cls = RestartClass.REBUILD
         cached = bool(getattr(transition, "cached", False)) and (built is not None or live)
@@ -183,6 +189,9 @@ class CostModel:
             seconds = known
         elif live:
             seconds = self._relaunch_s(changed)
+        elif retrace:
+            cls = RestartClass.REBUILD
+            seconds = max(self._redo_s(i, False) for i in redone)
         elif built is None:
             seconds = self._fresh_s(params)
         else:
@@ -190,7 +199,7 @@ class CostModel:
                           default=0.0)
         if built is not None and not changed:
             seconds, redone = 0.0, []
-        shown = cls if built is None or live else self._class_of(changed + redone)
+        shown = cls if built is None or live or retrace else self._class_of(changed + redone)
         return CostEstimate(transition_s=max(0.0, seconds), measure_s=self.measure_s(),
                             restart_class=shown.value, changed=tuple(self.params[i].name for i in changed),
                             cached=cached, known_s=known, redone=tuple(self.params[i].name for i in redone))

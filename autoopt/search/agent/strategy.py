@@ -357,7 +357,7 @@ class AgentStrategy:
                         notes={"worth": pick.worth, "p_fail": pick.p_fail, "rate_per_10min": pick.rate * 600,
                                "p_fail_raw": float(self.failures.raw_probs(pick.code[None, :])[0]),
                                "batch": pick.batch, "pred_log": pick.mu, "pred_sd": pick.gain_sd,
-                               "sd_scale": self.model.sd_scale})
+                               "ref_log": self._ref_log, "sd_scale": self.model.sd_scale})
 
     def _explore_first(self, repeat: Decision, lead: float, ranked: list[Any], ctx: SearchContext) -> bool:
         """Settling a lead inside the noise is worth at most the lead (keeping the wrong one of two

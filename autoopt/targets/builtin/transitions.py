@@ -153,7 +153,12 @@ def transition_facts(built: dict[str, Any] | None, to: dict[str, Any], caches: W
         # cached: its in-process caches (Dynamo, Triton) are warm for what `to` compiles; a surviving
         # worker is not warm for a value it never compiled (on the H200 step_compile after a failed trial was
         # predicted at 38 s as a warm relaunch and took 2 min 26 s: h200_live_10m_run4, trial 25)
-        return Transition(RestartClass.REBUILD.value, everything, cached=caches.warm_for(to))
+        # not warm, but it step-compiled before: the new kernels come with a re-trace whose Inductor
+        # caches are warm, not the first step compile (on the H200 such relaunches took 5-36 s and
+        # were priced as a fresh start's 120-151 s: h200_live_10m run 2, h200_live_10m_run3 run 2)
+        warm = caches.warm_for(to)
+        redone = ("step_compile",) if not warm and step_compiled(to) and caches.traced else ()
+        return Transition(RestartClass.REBUILD.value, everything, cached=warm, redone=redone)
     changed = tuple(k for k in KNOB_BY_NAME if effective(built, k) != effective(to, k))
     if not changed:
         return Transition(RestartClass.NONE.value, ())
