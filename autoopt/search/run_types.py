@@ -94,7 +94,8 @@ def gain_inside(t: TrialOutcome, base_log: float | None) -> bool | None:
     notes = t.decision.notes if t.decision is not None else None
     if not notes or notes.get("pred_log") is None or notes.get("pred_sd") is None:
         return None
-    ref_log = notes.get("ref_log", base_log)
+    ref_log = notes.get("ref_log")
+    ref_log = base_log if ref_log is None else ref_log
     if ref_log is None or not t.objective:
         return None
     return abs(math.log(t.objective) - float(ref_log) - float(notes["pred_log"])) <= Z95 * float(notes["pred_sd"])
