@@ -165,17 +165,16 @@ class CostModel:
         """Cost of evaluating `params` with `built` running now (None: nothing runs: a fresh start);
         `transition` is the target's Transition for it, when asked."""
         changed = list(range(len(self.params))) if built is None else self._changed(built, params)
-        redone = self._redone(transition)
-        cls = RestartClass.RESTART if built is None else self._class_of(changed)
         known = getattr(transition, "known_s", None)
-        live = built is None and transition is not None and _warm_relaunch(transition)
-        # a live process that is not warm for `params` but names the build it redoes: no start, the redo
-        retrace = built is None and not live and bool(redone) and known is None and (
-            getattr(transition, "restart_class", None) == RestartClass.REBUILD.value)
-        if built is None and not retrace:
-            redone = []
-        if live:
+        # nothing trusted runs, but the target's process lives on (after a failure): warm for `params`,
+        # a relaunch; not warm but naming the build it redoes (it step-compiled before), that redo
+        live = built is None and _warm_relaunch(transition)
+        retrace = built is None and not live and _relaunch(transition) and bool(self._redone(transition))
+        redone = self._redone(transition) if built is not None or retrace else []
+        if live or retrace:
             cls = RestartClass.REBUILD
+        else:
+            cls = RestartClass.RESTART if built is None else self._class_of(changed)
         cached = bool(getattr(transition, "cached", False)) and (built is not None or live)
         observed = any(i in (self.warm_obs if cached else self.param_obs) for i in changed)
         if known is not None and known > 0.5:
@@ -190,7 +189,6 @@ class CostModel:
         elif live:
             seconds = self._relaunch_s(changed)
         elif retrace:
-            cls = RestartClass.REBUILD
             seconds = max(self._redo_s(i, False) for i in redone)
         elif built is None:
             seconds = self._fresh_s(params)
@@ -199,7 +197,7 @@ class CostModel:
                           default=0.0)
         if built is not None and not changed:
             seconds, redone = 0.0, []
-        shown = cls if built is None or live or retrace else self._class_of(changed + redone)
+        shown = cls if built is None else self._class_of(changed + redone)
         return CostEstimate(transition_s=max(0.0, seconds), measure_s=self.measure_s(),
                             restart_class=shown.value, changed=tuple(self.params[i].name for i in changed),
                             cached=cached, known_s=known, redone=tuple(self.params[i].name for i in redone))
@@ -314,9 +312,13 @@ class CostModel:
         return min(1.0, statistics.median(ratios)) if ratios else WARM_FRACTION
 
 
+def _relaunch(t: Any) -> bool:
+    """Nothing known runs, but the target's process has built before and lives on (its "rebuild").
+    With nothing built any other transition is a fresh start; a target that knows its seconds (a
+    recorded table) gives them itself."""
+    return getattr(t, "restart_class", None) == RestartClass.REBUILD.value and getattr(t, "known_s", None) is None
+
+
 def _warm_relaunch(t: Any) -> bool:
-    """Nothing known runs, but the target's process has built before and lives on (its "rebuild",
-    cached). With nothing built any other transition is a fresh start; a target that knows its
-    seconds (a recorded table) gives them itself."""
-    return (getattr(t, "restart_class", None) == RestartClass.REBUILD.value
-            and bool(getattr(t, "cached", False)) and getattr(t, "known_s", None) is None)
+    """A relaunch whose process is warm for the configuration (the target's `cached`)."""
+    return _relaunch(t) and bool(getattr(t, "cached", False))
