@@ -77,9 +77,9 @@ def test_studies_list_then_trials_table(store) -> None:
             lines = text.splitlines()
             assert len(lines) == 24 and all(len(line) <= 80 for line in lines)
             assert lines[0].rstrip() == "flash-h200  82 trials (2 failed, 80 ok)  baseline #0  best #59"
-            assert lines[1].rstrip() == "objective tok_per_s@64 (tok/s, higher is better)"
+            assert lines[1].rstrip() == "objective tok_per_s@mix of C=1:0.2 C=16:0.3 C=64:0.5 (tok/s, higher is better)"
             assert " #     state   tok/s [95% CI]           speed-up   cost   source" in text  # the unit
-            assert "  0b   ok      876.5 [867.0, 890.2]     1.000x     12.3s  baseline" in text  # the baseline, marked b
+            assert "  0b   ok      248.7 [244.3, 253.9]     1.000x     12.3s  baseline" in text  # the baseline (its mix), marked b
             assert "trial 0  ok (baseline)" in text  # the detail pane follows the cursor
             assert lines[-1].strip() == "s Sort  f Filter  x Failed  m Mark  d Diff  p Plot  ? Help  q Quit"
     run(go())
@@ -212,13 +212,13 @@ def test_plots_and_help(store) -> None:
             await pilot.pause()
             text = screen_text(app)
             lines = text.splitlines()
-            assert lines[0].startswith("speed-up over the baseline at tok_per_s@64")
+            assert lines[0].startswith("speed-up over the baseline at tok_per_s@mix")
             assert "run 2 joined at 7m" in text and "●" in text and "✗" in text and "┊" in text
             assert all(len(line) <= 80 for line in lines)
             await pilot.press("e")
             await pilot.pause()
             text = screen_text(app)
-            assert "indexer_gemm=bf16            65 x9.636 [9.486, 9.717]" in text
+            assert "indexer_gemm=bf16            65 x11.306 [11.166, 11.390]" in text
             await pilot.press("escape", "?")
             await pilot.pause()
             text = screen_text(app)

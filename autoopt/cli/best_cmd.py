@@ -14,7 +14,7 @@ from autoopt.cli.history_cmd import DB_HELP, STUDY_HELP
 def best_command(
     study: Optional[str] = typer.Option(None, "--study", help=STUDY_HELP),
     objective: Optional[str] = typer.Option(
-        None, "--objective", help="tok_per_s@C (default: the concurrency the run declared)."),
+        None, "--objective", help="tok_per_s@C or tok_per_s@mix (default: the run's objective; the weighted mix when its space weighs several concurrencies)."),
     export: Optional[Path] = typer.Option(None, "--export", help="Write the winner's config + evidence (YAML)."),
     trial: Optional[str] = typer.Option(None, "--trial", help="Take this trial instead of the rule's choice."),
     as_json: bool = typer.Option(False, "--json", help="Print the best document as JSON."),

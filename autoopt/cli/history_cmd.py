@@ -20,7 +20,7 @@ def history_command(
     sort: str = typer.Option("number", "--sort", help="objective (best first) | number | time (newest first)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Show at most N trials (after sorting)."),
     failed: bool = typer.Option(False, "--failed", help="Only failed, wrong and interrupted trials."),
-    objective: Optional[str] = typer.Option(None, "--objective", help="e.g. tok_per_s@16 (default: the run's)."),
+    objective: Optional[str] = typer.Option(None, "--objective", help="e.g. tok_per_s@16 or tok_per_s@mix (default: the run's objective)."),
     as_json: bool = typer.Option(False, "--json", help="Print the history document as JSON."),
     wide: bool = typer.Option(False, "--wide", help="One line per trial at full width (no wrapping; "
                               "the terminal may cut it). Default: long cells wrap to fit."),
@@ -48,7 +48,7 @@ def require_measured(store, study: str, objective: str) -> None:
 
     _, c = parse_objective(objective)
     measured = measured_concurrencies(store.trials(study, with_samples=False))
-    if c is not None and measured and c not in measured:
+    if isinstance(c, int) and measured and c not in measured:
         have = ", ".join(f"tok_per_s@{m}" for m in measured)
         raise UserError(f"--objective {objective}: study {study!r} has no trial measured at "
                         f"concurrency {c}; it has {have}")

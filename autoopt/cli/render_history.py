@@ -67,10 +67,13 @@ def value_text(iv: dict[str, float] | None, unit: dict[str, Any]) -> str:
 
 
 def objective_text(doc: dict[str, Any]) -> str:
-    """"tok_per_s@64 (tok/s, higher is better)", or for a replayed minimised column
-    "tok_per_s@1 = 1/time (time in ms, lower is better)": the stored name, what it is, which way is up."""
+    """"tok_per_s@64 (tok/s, higher is better)", "tok_per_s@mix of C=1:0.2 C=64:0.8 (tok/s, ...)" (the
+    weighted geometric mean), or for a replayed minimised column "tok_per_s@1 = 1/time (time in ms,
+    lower is better)": the stored name, what it is, which way is up."""
     unit, obj = objective_unit(doc), doc.get("objective") or "-"
     stored = f" = {unit['stored_as']}" if unit.get("stored_as", unit["quantity"]) != unit["quantity"] else ""
+    if doc.get("objective_mix"):  # the weighted geometric mean the run ranked by: say what it weighs
+        stored = " of " + " ".join(f"C={c}:{w:g}" for c, w in doc["objective_mix"].items())
     return f"{obj}{stored} ({unit['text']})"
 
 
@@ -374,6 +377,11 @@ def render_best(doc: dict[str, Any]) -> None:
     for c, iv in values.items():
         t.add_row(Text(str(c)), value_text(iv, unit), value_text(base_values.get(c), unit),
                   ratio(doc["speedup"].get(c)))
+    if doc.get("objective_mix") and tr["objective"]:  # the figure the rule ranked by
+        mix = {k: tr["objective"][k] for k in ("median", "ci_low", "ci_high")}
+        base_mix = ({k: base["objective"][k] for k in ("median", "ci_low", "ci_high")}
+                    if base and base.get("objective") else None)
+        t.add_row(Text("mix", style="bold"), value_text(mix, unit), value_text(base_mix, unit), ratio(tr["speedup"]))
     con.print(t)
     con.print(_kv_table("params", tr["params"]))
     line(con, Text(f"rule: {doc['rule']}", style="dim"))

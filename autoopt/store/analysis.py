@@ -2,7 +2,10 @@
 which trial is best outside the noise. No database, no I/O.
 
 Definitions (also in db/README.md):
-  objective   "tok_per_s@C": the median tok/s at concurrency C, with its 95 % CI [lo, hi].
+  objective   "tok_per_s@C": the median tok/s at concurrency C, with its 95 % CI [lo, hi]; or
+              "tok_per_s@mix" for a space whose objective weighs several concurrencies: the weighted
+              geometric mean of the medians, its CI the same mean of the CI ends (space.Objective, the
+              figure `autoopt run` ranks by). Below, "at C" reads "on the mix" for it.
   speedup     of trial T over baseline B at C: median T.med / B.med, conservative interval
               [T.lo / B.hi, T.hi / B.lo] (the extreme ratios of the two CIs).
   significant T.lo > B.hi at C (equivalently speedup interval entirely above 1): the two 95 %
@@ -15,6 +18,7 @@ Definitions (also in db/README.md):
 """
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -25,33 +29,93 @@ from autoopt.environment import same_machine
 from autoopt.errors import UserError
 from autoopt.measurement import Throughput
 
-_OBJECTIVE = re.compile(r"^(tok_per_s)(?:@(\d+))?$")
-OBJECTIVE_HELP = "tok_per_s or tok_per_s@<concurrency> (e.g. tok_per_s@16)"
+_OBJECTIVE = re.compile(r"^(tok_per_s)(?:@(\d+|mix))?$")
+OBJECTIVE_HELP = ("tok_per_s, tok_per_s@<concurrency> (e.g. tok_per_s@16) or tok_per_s@mix (the weighted "
+                  "mix the run declared)")
+MIX = "mix"
 
 
-def parse_objective(name: str) -> tuple[str, int | None]:
-    """"tok_per_s@16" -> ("tok_per_s", 16); "tok_per_s" -> ("tok_per_s", None)."""
+@dataclass(frozen=True)
+class Mix:
+    """A weighted geometric mean of tok/s over several concurrencies: the objective of a space that
+    declares `objective: {weights: ...}`, as the run recorded it (settings["objective_mix"])."""
+
+    weights: tuple[tuple[int, float], ...]  # (concurrency, weight), by concurrency
+
+    @classmethod
+    def of(cls, weights: dict[Any, Any]) -> "Mix":
+        return cls(tuple(sorted((int(c), float(w)) for c, w in weights.items())))
+
+    def text(self) -> str:
+        """"C=1:0.2 C=16:0.3 C=64:0.5"."""
+        return " ".join(f"C={c}:{w:g}" for c, w in self.weights)
+
+    def to_json(self) -> dict[str, float]:
+        return {str(c): w for c, w in self.weights}
+
+
+ObjectiveKey = int | Mix  # what figure() reads: one concurrency, or the run's weighted mix
+
+
+def parse_objective(name: str) -> tuple[str, int | str | None]:
+    """"tok_per_s@16" -> ("tok_per_s", 16); "tok_per_s@mix" -> ("tok_per_s", "mix");
+    "tok_per_s" -> ("tok_per_s", None)."""
     m = _OBJECTIVE.match(name.strip())
     if not m:
         raise UserError(f"objective {name!r} not understood: expected {OBJECTIVE_HELP}")
-    return m.group(1), int(m.group(2)) if m.group(2) else None
+    c = m.group(2)
+    return m.group(1), (MIX if c == MIX else int(c)) if c else None
 
 
 def concurrency_of(name: str | None) -> int | None:
     """C of "tok_per_s@C"; None for anything else (never raises: used on stored names)."""
     m = _OBJECTIVE.match((name or "").strip())
-    return int(m.group(2)) if m and m.group(2) else None
+    return int(m.group(2)) if m and m.group(2) and m.group(2).isdigit() else None
 
 
-def objective_name(c: int) -> str:
-    return f"tok_per_s@{c}"
+def objective_name(c: ObjectiveKey) -> str:
+    return f"tok_per_s@{MIX if isinstance(c, Mix) else c}"
 
 
-def figure(trial: Any, c: int) -> Throughput | None:
-    """tok/s at concurrency c of a successful trial (None when failed or not measured there)."""
+def where(c: ObjectiveKey) -> str:
+    """"C=64", or "the mix C=1:0.2 C=16:0.3 C=64:0.5": what a message says the figure was read at."""
+    return f"the mix {c.text()}" if isinstance(c, Mix) else f"C={c}"
+
+
+def key_of(doc: dict[str, Any]) -> ObjectiveKey | None:
+    """The objective a history/show/best document was read at (its "objective" and "objective_mix")."""
+    if doc.get("objective_mix"):
+        return Mix.of(doc["objective_mix"])
+    return concurrency_of(doc.get("objective"))
+
+
+def figure(trial: Any, c: ObjectiveKey) -> Throughput | None:
+    """tok/s at concurrency c (or on the mix c) of a successful trial (None when failed or not
+    measured there)."""
     if trial is None or trial.state != "ok" or trial.measurement is None:
         return None
+    if isinstance(c, Mix):
+        return _mix_figure(trial.measurement.tok_per_s, c)
     return trial.measurement.tok_per_s.get(str(c))
+
+
+def _mix_figure(tok_per_s: dict[str, Throughput], mix: Mix) -> Throughput | None:
+    """The weighted geometric mean of the median and of each CI end (space.Objective.value and .ci,
+    so the store ranks trials as the run did); None unless every concurrency of the mix was measured."""
+    parts = [(tok_per_s.get(str(c)), w) for c, w in mix.weights]
+    if any(tp is None or min(tp.median, tp.ci_low) <= 0 for tp, _ in parts):
+        return None
+    mean = lambda get: math.exp(sum(w * math.log(get(tp)) for tp, w in parts))  # noqa: E731
+    return Throughput(median=mean(lambda tp: tp.median), ci_low=mean(lambda tp: tp.ci_low),
+                      ci_high=mean(lambda tp: tp.ci_high), n=min(tp.n for tp, _ in parts))
+
+
+def _declared_mix(runs: Sequence[Any], requested: str) -> Mix:
+    for run in reversed(list(runs)):
+        if (run.settings or {}).get("objective_mix"):
+            return Mix.of(run.settings["objective_mix"])
+    raise UserError(f"--objective {requested}: no run of this study declared a weighted mix of "
+                    f"concurrencies; pass tok_per_s@<concurrency>")
 
 
 def measured_concurrencies(trials: Sequence[Any]) -> list[int]:
@@ -59,20 +123,25 @@ def measured_concurrencies(trials: Sequence[Any]) -> list[int]:
     return sorted(cs)
 
 
-def resolve_objective(requested: str | None, trials: Sequence[Any], runs: Sequence[Any]) -> int:
-    """The concurrency of the objective: --objective, else the latest run's settings ("objective" or
-    "objective_concurrency"), else the objective the trials were stored with, else the only
-    concurrency measured. UserError when it stays ambiguous."""
+def resolve_objective(requested: str | None, trials: Sequence[Any], runs: Sequence[Any]) -> ObjectiveKey:
+    """What the objective reads: --objective, else the latest run's settings ("objective", else the
+    weighted mix it ranked by, "objective_mix", else "objective_concurrency" of runs recorded before
+    the mix was), else the objective the trials were stored with, else the only concurrency measured.
+    "tok_per_s@mix" is the latest run's mix. UserError when it stays ambiguous or no run declared a mix."""
     if requested:
         _, c = parse_objective(requested)
+        if c == MIX:
+            return _declared_mix(runs, requested)
         if c is not None:
             return c
     for run in reversed(list(runs)):
         s = run.settings or {}
         if s.get("objective"):
             _, c = parse_objective(str(s["objective"]))
-            if c is not None:
+            if isinstance(c, int):
                 return c
+        if s.get("objective_mix"):
+            return Mix.of(s["objective_mix"])
         if s.get("objective_concurrency") is not None:
             return int(s["objective_concurrency"])
     names = Counter(t.objective_name for t in trials if t.state == "ok" and t.objective_name)
@@ -190,7 +259,7 @@ def objective_unit(trials: Sequence[Any]) -> ObjectiveUnit:
 class BestChoice:
     trial: Any  # TrialRecord: the best trial (the baseline when nothing beats it)
     baseline: Any  # TrialRecord | None
-    concurrency: int
+    concurrency: ObjectiveKey
     significant: bool  # the chosen trial beats the baseline outside the noise
     candidates: int  # successful trials considered (baseline excluded)
     significant_count: int
@@ -220,7 +289,7 @@ def baseline_before(trial: Any, baselines: Sequence[Any]) -> Any:
     return earlier[-1] if earlier else (baselines[0] if baselines else None)
 
 
-def select_best(trials: Sequence[Any], baselines: Sequence[Any] | Any, c: int) -> BestChoice:
+def select_best(trials: Sequence[Any], baselines: Sequence[Any] | Any, c: ObjectiveKey) -> BestChoice:
     """The best trial at concurrency c by the rule in this module's docstring, each trial against
     the baseline of its session (baseline_before); the highest median on one machine, else the
     highest speed-up over the session's baseline."""
@@ -228,7 +297,7 @@ def select_best(trials: Sequence[Any], baselines: Sequence[Any] | Any, c: int) -
         baselines = [baselines] if baselines is not None else []
     baselines = [b for b in baselines if figure(b, c) is not None]
     if not baselines:
-        raise UserError(f"the study has no successful baseline measured at C={c}: a gain cannot be "
+        raise UserError(f"the study has no successful baseline measured at {where(c)}: a gain cannot be "
                         f"told from noise without one (export a trial explicitly with --trial N)")
     ids = {b.trial_id for b in baselines}
     cands = [t for t in trials if t.trial_id not in ids and figure(t, c) is not None]

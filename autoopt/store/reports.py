@@ -57,7 +57,7 @@ def transition(t: TrialRecord) -> dict[str, Any] | None:
             "actual_s": t.result.transition_s if t.state != "running" else None}
 
 
-def summary(t: TrialRecord, base: TrialRecord | None, c: int | None,
+def summary(t: TrialRecord, base: TrialRecord | None, c: an.ObjectiveKey | None,
             unit: an.ObjectiveUnit = an.TOK_PER_S) -> dict[str, Any]:
     """One trial, one line's worth (history rows, best, diff headers). `base`: the baseline of the
     trial's own session (analysis.baseline_before), which its speed-up is over; `unit`: what the
@@ -83,13 +83,20 @@ def summary(t: TrialRecord, base: TrialRecord | None, c: int | None,
 
 
 def _objective(store: Any, study: str, trials: Sequence[TrialRecord], requested: str | None,
-               strict: bool) -> int | None:
+               strict: bool) -> an.ObjectiveKey | None:
     if not strict and not requested:
         try:
             return an.resolve_objective(None, trials, store.runs(study))
         except UserError:  # ambiguous objective: history/show still list the trials, without gains
             return None
     return an.resolve_objective(requested, trials, store.runs(study))
+
+
+def _objective_head(c: an.ObjectiveKey | None) -> dict[str, Any]:
+    """A document's "objective" ("tok_per_s@16", "tok_per_s@mix" or None) and, for the mix, its
+    weights ("objective_mix": {"1": 0.2, ...}; analysis.key_of reads the two back)."""
+    return {"objective": an.objective_name(c) if c is not None else None,
+            "objective_mix": c.to_json() if isinstance(c, an.Mix) else None}
 
 
 def _nonempty(store: Any, study: str, trials: list[TrialRecord] | None = None) -> list[TrialRecord]:
@@ -99,7 +106,7 @@ def _nonempty(store: Any, study: str, trials: list[TrialRecord] | None = None) -
     return trials
 
 
-def best_number(trials: Sequence[TrialRecord], c: int | None) -> tuple[int | None, bool]:
+def best_number(trials: Sequence[TrialRecord], c: an.ObjectiveKey | None) -> tuple[int | None, bool]:
     """(the trial `autoopt best` takes, whether it beats its session's baseline outside the noise):
     analysis.select_best, the one rule; (None, False) without an objective or a baseline at C."""
     if c is None:
@@ -140,14 +147,14 @@ def history(store: Any, study: str | None = None, *, sort: str = "number", limit
         rows = rows[:limit]
     best, best_sig = best_number(trials, c)
     doc = _head("autoopt.history", store, study)
-    doc.update(objective=an.objective_name(c) if c is not None else None, **_baselines_head(baselines, unit),
+    doc.update(**_objective_head(c), **_baselines_head(baselines, unit),
                best_number=best, best_significant=best_sig, sort=sort, failed_only=failed_only,
                counts=store.study_summary(study)["counts"], total=len(trials),
                trials=[summary(t, an.baseline_before(t, baselines), c, unit) for t in rows])
     return doc
 
 
-def trial_detail(t: TrialRecord, base: TrialRecord | None, c: int | None,
+def trial_detail(t: TrialRecord, base: TrialRecord | None, c: an.ObjectiveKey | None,
                  unit: an.ObjectiveUnit = an.TOK_PER_S) -> dict[str, Any]:
     """One trial in full (`autoopt show`); `base` and `unit` as for summary."""
     m = t.measurement
@@ -187,7 +194,7 @@ def show(store: Any, trial: str | int, study: str | None = None,
     baselines, unit = an.session_baselines(trials), an.objective_unit(trials)
     base = an.baseline_before(t, baselines)
     doc = _head("autoopt.trial", store, study)
-    doc.update(objective=an.objective_name(c) if c is not None else None, **_baselines_head(baselines, unit),
+    doc.update(**_objective_head(c), **_baselines_head(baselines, unit),
                trial=trial_detail(t, base, c, unit))
     doc["baseline_number"] = base.number if base is not None else None  # this trial's own
     return doc
@@ -223,7 +230,7 @@ def diff(store: Any, a: str | int, b: str | int, study: str | None = None) -> di
     ab, bb = (ma.buckets_ms if ma else {}), (mb.buckets_ms if mb else {})
     verdict, note = _verdict(ab, bb)
     doc = _head("autoopt.diff", store, study)
-    doc.update(objective=an.objective_name(c) if c is not None else None, objective_unit=unit.to_json(),
+    doc.update(**_objective_head(c), objective_unit=unit.to_json(),
                a=summary(ta, an.baseline_before(ta, baselines), c, unit),
                b=summary(tb, an.baseline_before(tb, baselines), c, unit),
                knobs=an.knob_diff(ta.params or ta.config, tb.params or tb.config),
@@ -305,12 +312,12 @@ def best(store: Any, study: str | None = None, *, objective: str | None = None,
             warnings.append("the study has no successful baseline: no speed-up can be given")
         elif not sig:
             warnings.append(f"trial {chosen.number} does not beat baseline {base.number} outside the noise "
-                            f"at C={c}")
+                            f"at {an.where(c)}")
     else:
         choice = an.select_best(trials, baselines, c)
         base = choice.baseline
         if not choice.significant:
-            warnings.append(f"no trial beats the baseline outside the noise at C={c} "
+            warnings.append(f"no trial beats the baseline outside the noise at {an.where(c)} "
                             f"({choice.candidates} successful trials): the baseline stays best")
     disagreement, refuse = confirmation_disagreement(store, study, choice.trial, c, baselines)
     if disagreement:
@@ -319,7 +326,7 @@ def best(store: Any, study: str | None = None, *, objective: str | None = None,
     doc = _head("autoopt.best", store, study)
     figures = lambda t: ({k: an.interval(tp) for k, tp in t.measurement.tok_per_s.items()}  # noqa: E731
                          if t is not None and t.measurement else {})
-    doc.update(objective=an.objective_name(c), objective_unit=unit.to_json(), rule=BEST_RULE,
+    doc.update(**_objective_head(c), objective_unit=unit.to_json(), rule=BEST_RULE,
                chosen_by="--trial" if trial is not None else "rule", significant=choice.significant,
                candidates=choice.candidates, significant_count=choice.significant_count,
                trial=summary(choice.trial, base, c, unit), baseline=summary(base, base, c, unit) if base else None,
@@ -332,7 +339,7 @@ def best(store: Any, study: str | None = None, *, objective: str | None = None,
     return doc, choice.trial, base
 
 
-def confirmation_disagreement(store: Any, study: str, chosen: TrialRecord, c: int,
+def confirmation_disagreement(store: Any, study: str, chosen: TrialRecord, c: an.ObjectiveKey,
                               baselines: list[TrialRecord]) -> tuple[str | None, bool]:
     """Why the chosen trial's figure is in doubt, and whether `best --export` refuses it: a
     re-measurement of the same configuration (the run's final confirmation, either way round) that
@@ -359,6 +366,6 @@ def confirmation_disagreement(store: Any, study: str, chosen: TrialRecord, c: in
                                           ci(an.baseline_before(conf, baselines))) if a is not None else None
         if verdict is not None:
             refuse, why = verdict
-            return (f"the confirmation #{conf.number} of trial #{orig.number} disagrees with it at C={c} "
+            return (f"the confirmation #{conf.number} of trial #{orig.number} disagrees with it at {an.where(c)} "
                     f"({b.median:.4g} vs {a.median:.4g} tok/s, the 95% CIs do not overlap){why}"), refuse
     return None, False

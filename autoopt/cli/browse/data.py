@@ -15,7 +15,7 @@ from typing import Any
 
 from autoopt.errors import UserError
 from autoopt.store import analysis as an, reports
-from autoopt.store.analysis import concurrency_of
+from autoopt.store.analysis import ObjectiveKey, key_of
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class StudySource:
         self.full_loads = 0  # how often poll() had to fall back to a full load (tests read it)
         self._records: dict[int, Any] = {}  # the trials' records (no timing samples), by number
         self._details: dict[int, dict[str, Any]] = {}
-        self._c: int | None = None
+        self._c: ObjectiveKey | None = None
         self._unit = an.TOK_PER_S
         self._mark: tuple[Any, ...] | None = None
         self._n_runs = 0
@@ -74,7 +74,7 @@ class StudySource:
         self.head = {k: v for k, v in doc.items() if k != "trials"}
         self.rows = {row["number"]: row for row in doc["trials"]}
         self._records = {t.number: t for t in trials}
-        self._c = concurrency_of(doc["objective"]) if doc.get("objective") else None
+        self._c = key_of(doc)
         self._unit = an.objective_unit(trials)
         self._n_runs = len(self.store.runs(self.study))
         self._details = {n: d for n, d in self._details.items() if n in self.rows}
