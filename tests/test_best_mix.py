@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+import yaml
 from store_helpers import build_case_study, measurement, run_trial
 from test_cli_history import cli
 
@@ -80,3 +81,19 @@ def test_the_mix_of_a_study_that_declared_none_is_a_clear_error(db, capsys, monk
     assert code == 2 and out == ""
     line = err.strip().splitlines()
     assert len(line) == 1 and "tok_per_s@mix" in line[0] and "declared a weighted mix" in line[0], err
+
+
+def test_the_export_names_the_objective_it_was_chosen_on(db, capsys, monkeypatch, tmp_path) -> None:
+    out_file = tmp_path / "best.yaml"
+    code, out, err = cli(capsys, monkeypatch, "best", "--study", STUDY, "--export", str(out_file))
+    assert code == 0, err
+    evidence = yaml.safe_load(out_file.read_text())["evidence"]
+    assert evidence["trial_number"] == 1
+    assert evidence["objective"]["name"] == "tok_per_s@mix" and evidence["objective"]["mix"] == {"1": 0.5, "64": 0.5}
+    assert evidence["objective"]["median"] == pytest.approx(Objective(WEIGHTS).value(db[1]), rel=1e-9)
+    code, out, err = cli(capsys, monkeypatch, "best", "--study", STUDY, "--objective", "tok_per_s@64",
+                         "--export", str(out_file))
+    assert code == 0, err
+    evidence = yaml.safe_load(out_file.read_text())["evidence"]
+    assert evidence["trial_number"] == 2 and evidence["objective"]["name"] == "tok_per_s@64"
+    assert evidence["objective"]["mix"] is None

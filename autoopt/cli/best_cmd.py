@@ -28,6 +28,7 @@ def best_command(
     fastest (runs on one machine) or the highest speed-up over its run's baseline (runs on several),
     shown in the objective's unit (tok/s, higher is better; a replayed time in ms, lower is better)."""
     from autoopt.cli.render_history import print_json, render_best, warn
+    from autoopt.store.analysis import key_of
     from autoopt.store.export import build_export
     from autoopt.targets.builtin.config_file import write_export
     from autoopt.targets.server.export import is_server_run, write_server_export
@@ -47,11 +48,13 @@ def best_command(
         warn(doc["warnings"])
         raise UserError(f"--export {export}: not exporting trial {chosen.number}: {doc['export_refused']} "
                         "(pass --force to export it anyway)")
+    if export is not None:  # the evidence names the objective the trial was chosen on
+        exported = {**build_export(chosen, baseline, run, objective=key_of(doc)), "warnings": list(doc["warnings"])}
     if export is not None and is_server_run(run):  # the winning launch: command line, env, config file
-        write_server_export(export, {**build_export(chosen, baseline, run), "warnings": list(doc["warnings"])}, run)
+        write_server_export(export, exported, run)
         doc["export"] = {"path": str(export), "writer": "autoopt.targets.server.export"}
     elif export is not None:
-        write_export(export, {**build_export(chosen, baseline, run), "warnings": list(doc["warnings"])})
+        write_export(export, exported)
         doc["export"] = {"path": str(export), "writer": "autoopt.targets.builtin.config_file"}
     warn(doc["warnings"])
     if as_json:

@@ -11,6 +11,8 @@ autoopt.targets.builtin.config_file: it puts the format's version key "autoopt_e
   "evidence": {
     "tok_per_s": {C: {"median", "ci_low", "ci_high"}},
     "speedup":   {C: {"median", "ci_low", "ci_high"}},   # over the baseline; {} without one
+    "objective": {"name", "mix", "median", "ci_low", "ci_high", "speedup"} | None,  # what `best`
+                 # ranked by: "tok_per_s@C", or "tok_per_s@mix" with its weights in "mix"
     "correctness": {...}, "study": str, "trial_number": int, "trial_id": int,
   },
   "autoopt_version": str,
@@ -81,9 +83,10 @@ def expand_layers(knobs: dict[str, Any], overrides: dict[int, dict[str, Any]],
 
 
 def build_export(trial: Any, baseline: Any | None, run: Any | None, *, n_layers: int | None = None,
-                 per_layer_knobs: Iterable[str] | None = None,
+                 per_layer_knobs: Iterable[str] | None = None, objective: an.ObjectiveKey | None = None,
                  version: str = autoopt.__version__) -> dict[str, Any]:
-    """The export document of a successful trial. UserError for a failed/wrong/unfinished one."""
+    """The export document of a successful trial. UserError for a failed/wrong/unfinished one.
+    `objective`: what the trial was chosen on (analysis.key_of of the `best` document)."""
     if trial.state != "ok" or trial.measurement is None:
         f = trial.failure
         why = f" ({f.kind}: {f.reason})" if f else ""
@@ -108,6 +111,7 @@ def build_export(trial: Any, baseline: Any | None, run: Any | None, *, n_layers:
         "evidence": {
             "tok_per_s": {c: an.interval(m.tok_per_s[str(c)]) for c in cs},
             "speedup": an.speedups(trial, baseline),
+            "objective": _objective_evidence(trial, baseline, objective),
             "correctness": dict(m.correctness or {}),
             "study": trial.study,
             "trial_number": trial.number,
@@ -115,3 +119,11 @@ def build_export(trial: Any, baseline: Any | None, run: Any | None, *, n_layers:
         },
         "autoopt_version": version,
     }
+
+
+def _objective_evidence(trial: Any, baseline: Any | None, key: an.ObjectiveKey | None) -> dict[str, Any] | None:
+    fig = an.figure(trial, key) if key is not None else None
+    if fig is None:
+        return None
+    return {"name": an.objective_name(key), "mix": key.to_json() if isinstance(key, an.Mix) else None,
+            **an.interval(fig), "speedup": an.speedup(fig, an.figure(baseline, key))}
