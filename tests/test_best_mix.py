@@ -97,3 +97,13 @@ def test_the_export_names_the_objective_it_was_chosen_on(db, capsys, monkeypatch
     evidence = yaml.safe_load(out_file.read_text())["evidence"]
     assert evidence["trial_number"] == 2 and evidence["objective"]["name"] == "tok_per_s@64"
     assert evidence["objective"]["mix"] is None
+
+
+def test_diff_ends_with_the_mix_row(db, capsys, monkeypatch) -> None:
+    code, out, err = cli(capsys, monkeypatch, "diff", "1", "2", "--study", STUDY, "--json")
+    assert code == 0, err
+    rows = json.loads(out)["tok_per_s"]
+    assert [r["concurrency"] for r in rows] == [1, 64, "mix"]
+    assert rows[-1]["b"]["median"] == pytest.approx(Objective(WEIGHTS).value(db[2]), rel=1e-9)
+    assert rows[-1]["significant"] == "slower"  # the mix falls from "c1" to "c64" though C=64 rises
+    assert rows[1]["significant"] == "faster"

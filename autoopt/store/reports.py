@@ -209,6 +209,17 @@ def _verdict(a_buckets: dict[str, float], b_buckets: dict[str, float]) -> tuple[
     return (str(d.verdict) if d.verdict else None), None
 
 
+def _diff_row(concurrency: int | str, fa: Any, fb: Any, unit: an.ObjectiveUnit) -> dict[str, Any]:
+    """One row of the diff's tok/s table: a concurrency, or "mix" for the run's weighted mix."""
+    verdict = ("faster" if an.significant(fb, fa) else "slower" if an.significant(fa, fb) else "noise") \
+        if fa and fb else None
+    return {"concurrency": concurrency, "a": an.interval(fa), "b": an.interval(fb),
+            "a_value": unit.value(an.interval(fa)), "b_value": unit.value(an.interval(fb)),
+            "delta": fb.median - fa.median if fa and fb else None,
+            "delta_pct": (fb.median / fa.median - 1) * 100 if fa and fb and fa.median else None,
+            "ratio": an.speedup(fb, fa), "significant": verdict}
+
+
 def diff(store: Any, a: str | int, b: str | int, study: str | None = None) -> dict[str, Any]:
     study = store.resolve_study(study)
     ta, tb = store.trial(study, a), store.trial(study, b)
@@ -216,17 +227,10 @@ def diff(store: Any, a: str | int, b: str | int, study: str | None = None) -> di
     c = _objective(store, study, trials, None, strict=False)
     baselines, unit = an.session_baselines(trials), an.objective_unit(trials)
     ma, mb = ta.measurement, tb.measurement
-    per_c = []
     cs = sorted({int(k) for m in (ma, mb) if m for k in m.tok_per_s})
-    for k in cs:
-        fa, fb = an.figure(ta, k), an.figure(tb, k)
-        verdict = ("faster" if an.significant(fb, fa) else "slower" if an.significant(fa, fb) else "noise") \
-            if fa and fb else None
-        per_c.append({"concurrency": k, "a": an.interval(fa), "b": an.interval(fb),
-                      "a_value": unit.value(an.interval(fa)), "b_value": unit.value(an.interval(fb)),
-                      "delta": fb.median - fa.median if fa and fb else None,
-                      "delta_pct": (fb.median / fa.median - 1) * 100 if fa and fb and fa.median else None,
-                      "ratio": an.speedup(fb, fa), "significant": verdict})
+    per_c = [_diff_row(k, an.figure(ta, k), an.figure(tb, k), unit) for k in cs]
+    if isinstance(c, an.Mix):  # the figure the run ranked by, last: "mix"
+        per_c.append(_diff_row(an.MIX, an.figure(ta, c), an.figure(tb, c), unit))
     ab, bb = (ma.buckets_ms if ma else {}), (mb.buckets_ms if mb else {})
     verdict, note = _verdict(ab, bb)
     doc = _head("autoopt.diff", store, study)
