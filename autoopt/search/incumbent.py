@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoopt.search.strategy import TrialOutcome
-from autoopt.store.analysis import best_outside_noise
+from autoopt.store.analysis import Mix, ObjectiveKey, best_outside_noise, throughput_at
 
 
 def baseline_of(history: list[TrialOutcome], number: int | None) -> TrialOutcome | None:
@@ -16,18 +16,26 @@ def baseline_of(history: list[TrialOutcome], number: int | None) -> TrialOutcome
     return next((t for t in history if t.number == number and t.objective is not None), None)
 
 
-def best_of(finished: list[TrialOutcome], base: TrialOutcome | None, concurrency: int) -> TrialOutcome | None:
+def objective_key(space: Any) -> ObjectiveKey:
+    """The figure a run ranks by, as `autoopt best` reads it back: the one concurrency of the
+    space's objective, or its weighted mix (the run records it as settings["objective_mix"])."""
+    weights = space.objective.weights
+    return next(iter(weights)) if len(weights) == 1 else Mix.of(weights)
+
+
+def best_of(finished: list[TrialOutcome], base: TrialOutcome | None, key: ObjectiveKey) -> TrialOutcome | None:
     """What the user is told is best: the rule of `autoopt best` (autoopt.store.analysis, db/README
-    "Definitions") on the trials of the study: the highest median tok/s at the objective's
-    concurrency among trials whose 95% CI low end is above the baseline's CI high end; the baseline
-    when none is (or the highest objective measured while there is no baseline)."""
-    c = str(concurrency)
-    fig = lambda t: t.measurement.tok_per_s.get(c) if t.objective is not None else None  # noqa: E731
+    "Definitions") on the trials of the study: the highest median tok/s at the objective (`key`: a
+    concurrency, or the weighted mix) among trials whose 95% CI low end is above the baseline's CI
+    high end; the baseline when none is (or the highest objective measured while there is no
+    baseline). (Until 2026-12-07 a mix was ranked at its heaviest concurrency here while `autoopt
+    best` ranked by the mix: an H100 run printed best #121, `best` named #83.)"""
+    fig = lambda t: throughput_at(t.measurement.tok_per_s, key) if t.objective is not None else None  # noqa: E731
     if base is None or fig(base) is None:
         ok = [t for t in finished if t.objective is not None]
         return max(ok, key=lambda t: t.objective) if ok else None
-    # significant at C, and never below the baseline on the objective itself (a weighted mix can
-    # fall while its heaviest concurrency rises): what is called best is a gain
+    # significant on the figure, and never below the baseline on the objective itself (at one
+    # concurrency of a mix a trial can rise while the mix falls): what is called best is a gain
     cands = [(t, fig(t), t.number) for t in finished if t is not base and fig(t) is not None
              and t.objective > base.objective]
     best, _ = best_outside_noise(cands, fig(base))

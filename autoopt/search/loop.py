@@ -330,17 +330,16 @@ class SearchLoop:
 
     def _best(self) -> TrialOutcome | None:
         """The rule of `autoopt best` on every finished trial this loop knows of, confirmations
-        included (as the store holds them), at the objective's concurrency (the heaviest of a mix)."""
+        included (as the store holds them), on the space's objective (a concurrency or the mix)."""
         state = (id(self.history), len(self.history), len(self.trials), self._baseline_number)
         if self._best_memo[0] == state:  # asked ~3 times a trial
             return self._best_memo[1]
-        weights = self.space.objective.weights
         finished = self.history + [t for t in self.trials
                                    if t.decision is not None and t.decision.kind is DecisionSource.CONFIRM]
         base = self._baseline()
         if base is not None:  # only figures of this session are compared with its baseline
             finished = [t for t in finished if t.number >= base.number]
-        best = incumbent.best_of(finished, base, max(weights, key=weights.get))
+        best = incumbent.best_of(finished, base, incumbent.objective_key(self.space))
         self._best_memo = (state, best)
         return best
 

@@ -347,7 +347,7 @@ def _settings(space: Any, opts: RunOptions, budget_s: float, strategy: str, targ
     }
     if len(weights) == 1:
         out["objective"] = f"tok_per_s@{next(iter(weights))}"
-    else:  # a weighted mix: the store's read-side figure defaults to its heaviest concurrency
+    else:  # a weighted mix: best and the run rank by it (objective_concurrency: its heaviest C)
         out["objective_mix"] = {str(c): w for c, w in weights.items()}
         out["objective_concurrency"] = max(weights, key=weights.get)
     return out

@@ -94,9 +94,15 @@ def figure(trial: Any, c: ObjectiveKey) -> Throughput | None:
     measured there)."""
     if trial is None or trial.state != "ok" or trial.measurement is None:
         return None
+    return throughput_at(trial.measurement.tok_per_s, c)
+
+
+def throughput_at(tok_per_s: dict[str, Throughput], c: ObjectiveKey) -> Throughput | None:
+    """One measurement's tok/s at concurrency c, or on the mix c (None where not measured): what
+    `autoopt best` ranks stored trials by and the search loop ranks its outcomes by."""
     if isinstance(c, Mix):
-        return _mix_figure(trial.measurement.tok_per_s, c)
-    return trial.measurement.tok_per_s.get(str(c))
+        return _mix_figure(tok_per_s, c)
+    return tok_per_s.get(str(c))
 
 
 def _mix_figure(tok_per_s: dict[str, Throughput], mix: Mix) -> Throughput | None:
