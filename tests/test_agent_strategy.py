@@ -169,6 +169,26 @@ def test_diagnosis_names_the_casts_that_ate_the_gain():
     assert diagnose_trial(failed, parent).line.startswith("failed (crash: segfault)")
 
 
+def test_diagnosis_says_which_side_has_no_profile():
+    """A confirmation re-measures without profiling: its line names the unprofiled trial, not
+    "no profile on both sides" when its parent had one (the live H100 run's last line)."""
+    target = ReplayTarget(FIX / "casestudy.csv")
+    space = replay_space(target)
+    base = space.baseline_params()
+
+    def outcome(n, source, profiled):
+        m = target.evaluate(EvalRequest(space.params_to_config(base), (64,)))
+        if not profiled:
+            m.buckets_ms = {}
+        return TrialOutcome(n, base, m, result(space, m, 1.0), Decision(base, source, "x", parent=0))
+
+    parent = outcome(0, "profile:gemm_simt", profiled=True)
+    confirm = diagnose_trial(outcome(7, "confirm", profiled=False), parent).line
+    assert confirm.endswith("no bucket diff: #7 not profiled (a confirmation re-measures, it does not profile)")
+    neither = diagnose_trial(outcome(8, "neighbour", profiled=False), outcome(0, "baseline", profiled=False)).line
+    assert neither.endswith("no bucket diff: #0 and #8 not profiled")
+
+
 def test_grid_visits_every_valid_point_once_dearest_knobs_slowest():
     table = load_table(FIX / "casestudy.csv")
     target = ReplayTarget(table)

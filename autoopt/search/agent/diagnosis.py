@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoopt.profile.diff import compare
-from autoopt.trial import Diagnosis
+from autoopt.trial import DecisionSource, Diagnosis
 
 
 @dataclass
@@ -65,9 +65,20 @@ def diagnose_trial(outcome: Any, parent: Any | None) -> TrialDiagnosis:
     head = ", ".join(parts) if parts else "measured"
     if surprise is not None and abs(surprise) > 2:
         head += f" ({'better' if surprise > 0 else 'worse'} than expected by {abs(surprise):.1f} sd)"
-    tail = buckets_line or ("no profile on both sides" if parent is not None else "no parent to compare")
+    tail = buckets_line or (_unprofiled(parent, outcome) if parent is not None else "no parent to compare")
     return TrialDiagnosis(outcome.number, pnum, pred, pred_sd, actual, surprise, buckets_line,
                           f"{head}: {tail}")
+
+
+def _unprofiled(parent: Any, outcome: Any) -> str:
+    """Which side of the bucket diff has no profile (a confirmation re-measures the best without
+    profiling it: its line once read "no profile on both sides", though its parent had one)."""
+    missing = [f"#{t.number}" for t in (parent, outcome) if not t.measurement.buckets_ms]
+    if not missing:  # both profiled, yet no verdict (no step time to compare against)
+        return "no bucket diff"
+    confirm = outcome.decision is not None and outcome.decision.kind is DecisionSource.CONFIRM
+    why = " (a confirmation re-measures, it does not profile)" if confirm and len(missing) == 1 else ""
+    return f"no bucket diff: {' and '.join(missing)} not profiled{why}"
 
 
 def _bucket_line(parent: Any | None, outcome: Any) -> str | None:
