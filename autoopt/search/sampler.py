@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+import warnings
 from typing import Any
 
 from autoopt.search.strategy import Decision, SearchContext, Stop, TrialOutcome
@@ -206,7 +207,11 @@ def tpe_sampler(**kwargs: Any) -> Any:
     global _REUSING_TPE
     if _REUSING_TPE is None:
         _REUSING_TPE = _tpe_class()
-    return _REUSING_TPE(**kwargs)
+    with warnings.catch_warnings():
+        # `multivariate` is Optuna's "experimental" flag: its ExperimentalWarning interleaved with
+        # the run's trial lines on the live H100 log and tells the user nothing they can act on
+        warnings.filterwarnings("ignore", message=r".*``multivariate`` is an experimental feature")
+        return _REUSING_TPE(**kwargs)
 
 
 _REUSING_TPE: Any = None
