@@ -294,7 +294,7 @@ def main() -> None:
     print("\n" + hdr)
     for label, doc in result["configs"].items():
         print(_row(label, doc, base, conc))
-    if args.passes > 1:
+    if result.get("passes"):  # one pass too: the mix is the figure the live check compares
         _print_passes(result, _weights(args.weights))
         write_result(args.out, result)
     print(f"\nwrote {args.out}")
