@@ -107,3 +107,29 @@ def test_diff_ends_with_the_mix_row(db, capsys, monkeypatch) -> None:
     assert rows[-1]["b"]["median"] == pytest.approx(Objective(WEIGHTS).value(db[2]), rel=1e-9)
     assert rows[-1]["significant"] == "slower"  # the mix falls from "c1" to "c64" though C=64 rises
     assert rows[1]["significant"] == "faster"
+
+
+def test_a_real_run_on_a_mix_names_the_winner_autoopt_best_names(tmp_path):
+    """End to end on the CPU: the tiny space with two concurrencies weighed as a mix. The run's summary
+    says its figures are the mix, and the best it prints is the trial `autoopt best` takes (an H100
+    run once printed #121 while `best` named #83: the run ranked at C=64, `best` by the mix)."""
+    from cli_helpers import REPO, run_autoopt
+
+    space = yaml.safe_load((REPO / "search_spaces" / "dsv4_tiny_cpu.yaml").read_text())
+    space.update(name="tiny_mix", concurrency=[1, 4], objective={"weights": {1: 0.5, 4: 0.5}})
+    path = tmp_path / "tiny_mix.yaml"
+    path.write_text(yaml.safe_dump(space))
+    db = tmp_path / "m.sqlite"
+    out = run_autoopt("run", "--space", str(path), "--db", str(db), "--study", STUDY, "--max-trials", "6",
+                      "--seed", "3", "--plain", "--no-confirm")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "each figure is the weighted geometric mean of C=1:0.5 C=4:0.5" in out.stdout, out.stdout
+    best = run_autoopt("best", "--db", str(db), "--study", STUDY, "--json")
+    assert best.returncode == 0, best.stderr
+    doc = json.loads(best.stdout)
+    assert doc["objective"] == "tok_per_s@mix"
+    number = doc["trial"]["number"]
+    if doc["trial"].get("baseline"):
+        assert "best: the baseline" in out.stdout, out.stdout
+    else:
+        assert f"best #{number}:" in out.stdout, out.stdout

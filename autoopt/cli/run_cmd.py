@@ -152,7 +152,9 @@ def _print_result(result: Any) -> None:
     if calibration is not None:
         out.print(calibration.text())
     base, best, conf = result.baseline, result.best, result.confirmation
-    out.print(f"objective: {unit.describe()}", markup=False)
+    mix = (f"; each figure is the weighted geometric mean of {result.mix} (tok_per_s@mix in best, "
+           "history and show)") if result.mix else ""
+    out.print(f"objective: {unit.describe()}{mix}", markup=False)
     if base is not None:
         out.print(f"baseline #{base.number}: {objective_text(base, unit)}", markup=False)
     if best is not None:

@@ -96,7 +96,7 @@ class SearchLoop:
                            history=list(self.history), best=self._best(), baseline=self._baseline(),
                            confirmation=next((t for t in reversed(self.trials) if t.decision
                                               and t.decision.kind is DecisionSource.CONFIRM), None),
-                           elapsed_s=self.budget.elapsed_s)
+                           elapsed_s=self.budget.elapsed_s, mix=incumbent.mix_text(self.space))
         self.observer.run_finished(result)
         return result
 

@@ -140,6 +140,7 @@ class RunResult:
     confirmation: TrialOutcome | None = None
     elapsed_s: float = 0.0
     warm_start: dict[str, Any] | None = None  # the study this run started from (autoopt.search.warm_start)
+    mix: str | None = None  # "C=1:0.2 C=16:0.3 C=64:0.5" when the figures are a weighted mix (else None)
 
     def transition_accuracy(self) -> TransitionAccuracy | None:
         """Predicted vs actual transition seconds over this run's trials (None: no prediction)."""
