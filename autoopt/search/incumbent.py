@@ -23,12 +23,6 @@ def objective_key(space: Any) -> ObjectiveKey:
     return next(iter(weights)) if len(weights) == 1 else Mix.of(weights)
 
 
-def mix_text(space: Any) -> str | None:
-    """"C=1:0.2 C=16:0.3 C=64:0.5" when the space's figures are a weighted mix; None for one C."""
-    key = objective_key(space)
-    return key.text() if isinstance(key, Mix) else None
-
-
 def best_of(finished: list[TrialOutcome], base: TrialOutcome | None, key: ObjectiveKey) -> TrialOutcome | None:
     """What the user is told is best: the rule of `autoopt best` (autoopt.store.analysis, db/README
     "Definitions") on the trials of the study: the highest median tok/s at the objective (`key`: a

@@ -32,7 +32,7 @@ from autoopt.search.observer import NullObserver
 from autoopt.search.run_types import (EXIT_ALL_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED,  # noqa: F401
                                       EXIT_OK, LoopSettings, RunResult)
 from autoopt.search.strategy import SearchContext, Stop, TrialOutcome
-from autoopt.store.analysis import objective_unit
+from autoopt.store.analysis import Mix, objective_unit
 from autoopt.targets.base import EvalRequest, Transition
 from autoopt.trial import APPLY_PHASES, Decision, DecisionSource, Diagnosis, TrialResult, TrialState
 
@@ -54,6 +54,7 @@ class SearchLoop:
         self.costs = CostModel(space, default_measure_s=min(60.0, 0.1 * budget.total_s))
         self.history: list[TrialOutcome] = []
         self._best_memo: tuple[tuple, TrialOutcome | None] = ((), None)  # (history state, its best)
+        self._key = incumbent.objective_key(space)  # what the best is ranked by: a concurrency or the mix
         self.trials: list[TrialOutcome] = []
         self.built_params: dict[str, Any] | None = None  # what the target has built (None: nothing)
         self._measuring = False
@@ -96,7 +97,7 @@ class SearchLoop:
                            history=list(self.history), best=self._best(), baseline=self._baseline(),
                            confirmation=next((t for t in reversed(self.trials) if t.decision
                                               and t.decision.kind is DecisionSource.CONFIRM), None),
-                           elapsed_s=self.budget.elapsed_s, mix=incumbent.mix_text(self.space))
+                           elapsed_s=self.budget.elapsed_s, mix=self._key.text() if isinstance(self._key, Mix) else None)
         self.observer.run_finished(result)
         return result
 
@@ -339,7 +340,7 @@ class SearchLoop:
         base = self._baseline()
         if base is not None:  # only figures of this session are compared with its baseline
             finished = [t for t in finished if t.number >= base.number]
-        best = incumbent.best_of(finished, base, incumbent.objective_key(self.space))
+        best = incumbent.best_of(finished, base, self._key)
         self._best_memo = (state, best)
         return best
 

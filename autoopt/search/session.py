@@ -18,10 +18,11 @@ from typing import Any
 
 from autoopt.errors import UserError
 from autoopt.search.budget import Budget
-from autoopt.search import compile_cache, warm_start
+from autoopt.search import compile_cache, incumbent, warm_start
 from autoopt.search.loop import LoopSettings, RunResult, SearchLoop
 from autoopt.search.run_types import transition_seconds
 from autoopt.search.warm_start import WarmStart, WarmStartedStrategy
+from autoopt.store.analysis import Mix
 from autoopt.trial import DecisionSource
 from autoopt.units import parse_duration
 
@@ -345,11 +346,12 @@ def _settings(space: Any, opts: RunOptions, budget_s: float, strategy: str, targ
         "warm_start": warm.to_json() if warm is not None else None,
         "compile_cache": str(cache_dir) if cache_dir is not None else None,
     }
-    if len(weights) == 1:
-        out["objective"] = f"tok_per_s@{next(iter(weights))}"
-    else:  # a weighted mix: best and the run rank by it (objective_concurrency: its heaviest C)
-        out["objective_mix"] = {str(c): w for c, w in weights.items()}
+    key = incumbent.objective_key(space)  # what the run ranks by, and `autoopt best` reads back
+    if isinstance(key, Mix):  # objective_concurrency: its heaviest C, for readers of older records
+        out["objective_mix"] = key.to_json()
         out["objective_concurrency"] = max(weights, key=weights.get)
+    else:
+        out["objective"] = f"tok_per_s@{key}"
     return out
 
 

@@ -74,8 +74,6 @@ def _unprofiled(parent: Any, outcome: Any) -> str:
     """Which side of the bucket diff has no profile (a confirmation re-measures the best without
     profiling it: its line once read "no profile on both sides", though its parent had one)."""
     missing = [f"#{t.number}" for t in (parent, outcome) if not t.measurement.buckets_ms]
-    if not missing:  # both profiled, yet no verdict (no step time to compare against)
-        return "no bucket diff"
     confirm = outcome.decision is not None and outcome.decision.kind is DecisionSource.CONFIRM
     why = " (a confirmation re-measures, it does not profile)" if confirm and len(missing) == 1 else ""
     return f"no bucket diff: {' and '.join(missing)} not profiled{why}"
