@@ -251,7 +251,8 @@ def route_path(n_pairs: int) -> str:
 def moe_grouped(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
                 topk_ids: torch.Tensor, topk_weights: torch.Tensor, swiglu_limit: float = 10.0,
                 block_m: int = 16, block_n: int = 64, block_k: int = 64,
-                num_warps: int = 4, out: torch.Tensor | None = None) -> torch.Tensor:
+                num_warps: int = 4, out: torch.Tensor | None = None,
+                num_stages: int | None = None) -> torch.Tensor:
     """Routed experts [T, hidden] in x.dtype; contract of ref_ops.moe_experts_ref.
 
     x [T, hidden]; w_gate, w_up [E, inner, hidden] and w_down [E, hidden, inner] in x.dtype;
@@ -287,16 +288,19 @@ def moe_grouped(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_dow
     order, blk_expert, meta = route_metadata(topk_ids, E, block_m, max_blocks)
     # ---- the grouped GEMMs ----
     fp32_dot = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and interpreting())
+    # None keeps Triton's default pipelining depth (what the decode path runs); a number is a tile
+    # knob for benchmarks/record_kernel_landscape.py
+    stages = {} if num_stages is None else {"num_stages": num_stages}
     h = torch.empty(n_pairs, inner, device=dev, dtype=torch.float32 if fp32_dot else x.dtype)
     moe_gate_up_kernel[(max_blocks, triton.cdiv(inner, block_n))](
         x, w_gate, w_up, order, blk_expert, *meta, h, E, hidden, inner, topk, float(swiglu_limit),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=fp32_dot,
-        num_warps=num_warps)
+        num_warps=num_warps, **stages)
     y = torch.empty(n_pairs, hidden, device=dev, dtype=torch.float32)
     moe_down_kernel[(max_blocks, triton.cdiv(hidden, block_n))](
         h, w_down, order, topk_weights, blk_expert, *meta, y, E, hidden, inner,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=fp32_dot,
-        num_warps=num_warps)
+        num_warps=num_warps, **stages)
     block = min(1024, triton.next_power_of_2(hidden))
     moe_reduce_kernel[(T, triton.cdiv(hidden, block))](y, out, hidden, TOPK=topk, BLOCK=block,
                                                        num_warps=4)
