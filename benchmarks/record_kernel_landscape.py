@@ -11,7 +11,8 @@ a recording fits one device call:
  1. compile: WORKERS processes (this script with --shard I/N), sharing one TRITON_CACHE_DIR, each run
     its share of the configurations once; the first call's wall milliseconds (compile, load, first
     launch) are `compile_time`. WORKERS compile side by side on the host's cores, so a figure is
-    what a compile costs on a busy host, not an idle one (the file says how many ran at once);
+    what a compile costs on a busy host, not an idle one (the file says how many ran at once). A
+    configuration that ran out of GPU memory beside the others is tried again alone at the end;
  2. time: one process loads each compiled configuration from that cache, checks its output against
     dsv4.ref_ops (`verification_time`), and times it as one CUDA graph of CALLS calls replayed 7
     times: `times` are milliseconds per call, `time` their mean (Kernel Tuner's objective).
@@ -52,6 +53,20 @@ def _append(path: Path, rec: dict[str, Any]) -> None:
         f.write(json.dumps(rec) + "\n")
 
 
+def compiled_records(work: Path, workers: int) -> dict[str, dict[str, Any]]:
+    """The compile phase's record per configuration: the shards', then the retries run alone."""
+    records = {k: v for i in range(workers) for k, v in _read_lines(work / f"compile.{i}.jsonl").items()}
+    records.update(_read_lines(work / "compile.alone.jsonl"))
+    return records
+
+
+def _crowded_out(rec: dict[str, Any]) -> bool:
+    """A configuration that failed for GPU memory while WORKERS processes shared the GPU (spilled
+    registers take local memory per resident thread, in every process at once): the 11 of them on
+    the first H100 recording all ran alone, so each is tried again alone before it is a failure."""
+    return "out of memory" in rec.get("error", "")
+
+
 def _failure(exc: BaseException) -> tuple[str, str, bool]:
     """(Kernel Tuner's failure string, the reason, whether the CUDA context is poisoned)."""
     text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
@@ -64,14 +79,21 @@ def _failure(exc: BaseException) -> tuple[str, str, bool]:
 
 # ---- phase 1, one worker: run each configuration of its shard once ----
 
-def compile_shard(args: argparse.Namespace, shard: int, shards: int) -> int:
+def compile_shard(args: argparse.Namespace, shard: int | None, shards: int) -> int:
+    """Shard `shard` of `shards`; None: alone, the configurations the shards lost to crowding."""
     import torch
     from kernel_landscapes import KERNELS, config_key
     spec = KERNELS[args.kernel]
-    out = Path(args.work) / f"compile.{shard}.jsonl"
+    work = Path(args.work)
+    out = work / (f"compile.{shard}.jsonl" if shard is not None else "compile.alone.jsonl")
     done = _read_lines(out)
     inputs = spec.make_inputs(args.device, args.device == "cpu")
-    for config in _design(spec, args)[shard::shards]:
+    if shard is None:
+        crowded = {k for k, rec in compiled_records(work, shards).items() if _crowded_out(rec)}
+        configs = [c for c in _design(spec, args) if config_key(spec, c) in crowded]
+    else:
+        configs = _design(spec, args)[shard::shards]
+    for config in configs:
         key = config_key(spec, config)
         if key in done:
             continue
@@ -97,7 +119,8 @@ def _design(spec: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def run_compile_phase(args: argparse.Namespace, deadline: float) -> None:
     """WORKERS shards side by side; a shard whose process died of a CUDA error starts again after
-    its last line (up to 5 times). Every child dies with this process (killed in `finally`)."""
+    its last line (up to 5 times); then one process alone for what failed for memory beside the
+    others. Every child dies with this process (killed in `finally`)."""
     env = dict(os.environ, TRITON_CACHE_DIR=str(Path(args.work) / "triton-cache"))
     base = [sys.executable, __file__, "--kernel", args.kernel, "--device", args.device,
             "--work", args.work, "--limit", str(args.limit or 0)]
@@ -115,6 +138,13 @@ def run_compile_phase(args: argparse.Namespace, deadline: float) -> None:
                 del procs[i]
                 if p.returncode != CUDA_ERROR_EXIT or todo[i] == 0:
                     del todo[i]
+        crowded = any(map(_crowded_out, compiled_records(Path(args.work), args.workers).values()))
+        if crowded and not procs and time.time() < deadline:  # the shards are done: the crowded-out, alone
+            procs[-1] = subprocess.Popen(base + ["--shard", f"alone/{args.workers}"], env=env)
+            procs[-1].wait(timeout=max(1.0, deadline - time.time()))
+            del procs[-1]
+    except subprocess.TimeoutExpired:
+        pass
     finally:
         for p in procs.values():
             p.kill()
@@ -159,7 +189,7 @@ def time_phase(args: argparse.Namespace, deadline: float) -> int:
     from kernel_landscapes import KERNELS, config_key, relative_error, tolerance
     spec = KERNELS[args.kernel]
     work = Path(args.work)
-    compiled = {k: v for i in range(args.workers) for k, v in _read_lines(work / f"compile.{i}.jsonl").items()}
+    compiled = compiled_records(work, args.workers)
     out = work / "timed.jsonl"
     done = _read_lines(out)
     inputs = spec.make_inputs(args.device, args.device == "cpu")
@@ -220,7 +250,7 @@ def landscape(args: argparse.Namespace) -> dict[str, Any] | None:
     from kernel_landscapes import KERNELS, config_key
     spec = KERNELS[args.kernel]
     work = Path(args.work)
-    compiled = {k: v for i in range(args.workers) for k, v in _read_lines(work / f"compile.{i}.jsonl").items()}
+    compiled = compiled_records(work, args.workers)
     timed = _read_lines(work / "timed.jsonl")
     cache, missing = {}, 0
     for config in _design(spec, args):
@@ -271,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     if args.shard:
-        return compile_shard(args, *map(int, args.shard.split("/")))
+        shard, shards = args.shard.split("/")
+        return compile_shard(args, None if shard == "alone" else int(shard), int(shards))
     if args.phase == "time":
         return time_phase(args, args.deadline)
     if not args.out:

@@ -45,3 +45,22 @@ def test_a_recording_cut_short_writes_nothing_and_resumes(tmp_path: Path) -> Non
     done = _record(tmp_path, "--limit", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(json.loads(gzip.decompress((tmp_path / "moe.json.gz").read_bytes()))["cache"]) == 2
+
+
+def test_a_configuration_crowded_out_of_gpu_memory_is_tried_again_alone(tmp_path: Path) -> None:
+    """On the H100, 11 configurations failed with CUDA out-of-memory while 14 processes compiled
+    side by side, and all ran alone: such a record is not final. The shard's record says it ran out
+    of memory; the recording retries it in one process and the landscape holds its timing."""
+    work = tmp_path / "work"
+    work.mkdir()
+    crowded = {"key": "16,32,32,2,1", "compile_ms": 5.0, "failed": "CompilationFailedConfig",
+               "error": "RuntimeError: Triton Error [CUDA]: out of memory"}
+    (work / "compile.0.jsonl").write_text(json.dumps(crowded) + "\n")
+    (work / "compile.1.jsonl").write_text("")  # the other shard's configuration still to compile
+    proc = _record(tmp_path, "--limit", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    alone = [json.loads(line) for line in (work / "compile.alone.jsonl").read_text().splitlines()]
+    assert [r["key"] for r in alone] == ["16,32,32,2,1"] and "failed" not in alone[0]
+    cache = json.loads(gzip.decompress((tmp_path / "moe.json.gz").read_bytes()))["cache"]
+    assert isinstance(cache["16,32,32,2,1"]["time"], float) and "error" not in cache["16,32,32,2,1"]
+    assert isinstance(cache["16,32,32,2,2"]["time"], float)
