@@ -12,6 +12,7 @@ versions, date, the tables' sha256 and every run. Two groups of tables, each wit
 
     python benchmarks/bench_search.py --synthetic                          # committed tables
     python benchmarks/bench_search.py --landscapes ../shared/landscapes    # + the six landscapes
+    python benchmarks/bench_search.py --no-committed --landscapes benchmarks/data/landscapes  # held out
     python benchmarks/bench_search.py --no-committed --landscapes DIR --strategies agent,tpe,random
     python benchmarks/bench_search.py TABLE ... --seeds 5                  # any tables (committed group)
     python benchmarks/bench_search.py --from-progress RUNS.jsonl --out S.json  # summarise --progress files
