@@ -98,10 +98,13 @@ def landscape_targets(summary: dict) -> dict:
                "cost_within_50pct": agent["cost_within_50pct"]}
         under_06 += r_tpe is not None and r_tpe <= 0.6
         out[table] = row
-    out["_all"] = {"tables_at_most_0.6x_tpe": under_06, "needed": 4,
-                   "met": under_06 >= 4 and all(
-                       r["at_most_tpe"] and r["at_most_0.3x_random"] and r["best_at_least_tpe"]
-                       and r["stops_ok"] and r["calibration_ok"] for k, r in out.items() if k != "_all")}
+    # the per-table targets hold on any set of tables; "0.6x on at least four" is a bar over the six
+    # of ../shared/landscapes, so a smaller set (the held-out two) reports its count without a verdict
+    per_table = [r["at_most_tpe"] and r["at_most_0.3x_random"] and r["best_at_least_tpe"]
+                 and r["stops_ok"] and r["calibration_ok"] for r in out.values()]
+    out["_all"] = {"tables_at_most_0.6x_tpe": under_06, "needed": 4, "tables": len(per_table),
+                   "per_table_met": sum(per_table),
+                   "met": under_06 >= 4 and all(per_table)}
     return out
 
 
@@ -113,7 +116,8 @@ def _print_checks(committed: dict, landscapes: dict) -> None:
               f"target {'met' if row['target_met'] else 'NOT met'}")
     for table, row in landscapes.items():
         if table == "_all":
-            print(f"landscapes: agent <= 0.6x TPE on {row['tables_at_most_0.6x_tpe']} of them (needed 4); "
+            print(f"landscapes: every per-table target met on {row['per_table_met']} of {row['tables']}; "
+                  f"agent <= 0.6x TPE on {row['tables_at_most_0.6x_tpe']} of them (needed 4 of the six); "
                   f"all targets {'met' if row['met'] else 'NOT met'}")
             continue
         calib = "-" if row["calibration"] is None else f"{100 * row['calibration']:.0f}%"
@@ -145,7 +149,7 @@ def _summarise_progress(path: Path, out: str | None) -> None:
     land = {k: v for k, v in summary.items() if k.endswith(".json.gz")}
     land_checks = landscape_targets(land)
     for table, row in land_checks.items():
-        print(table, {k: v for k, v in row.items() if "ratio" in k or k in ("met", "tables_at_most_0.6x_tpe")})
+        print(table, {k: v for k, v in row.items() if "ratio" in k or k in ("met", "tables_at_most_0.6x_tpe", "per_table_met", "tables")})
     if out:
         payload = {"benchmark": "bench_search", "machine": machine_meta(), "from_progress": str(path),
                    "command": " ".join(sys.argv), "seeds": sorted({r.seed for r in runs}),
