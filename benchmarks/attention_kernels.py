@@ -57,8 +57,9 @@ def quantile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def graph_bench(calls: list, reps: int, replays: int = 10) -> dict:
-    """GPU microseconds per call: capture all calls (one per input set) in one CUDA graph."""
+def graph_replays_us(calls: list, replays: int) -> list[float]:
+    """GPU microseconds per call of each of `replays` replays of one CUDA graph holding all calls
+    (the host's launch cost is not in it). benchmarks/record_kernel_landscape.py times with it too."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the default stream, as torch's graph docs ask
@@ -71,19 +72,22 @@ def graph_bench(calls: list, reps: int, replays: int = 10) -> dict:
             c()
     graph.replay()
     torch.cuda.synchronize()
-    samples, medians = [], []
-    for _ in range(reps):
-        run = []
-        for _ in range(replays):
-            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0.record()
-            graph.replay()
-            t1.record()
-            t1.synchronize()
-            run.append(1e3 * t0.elapsed_time(t1) / len(calls))
-        medians.append(statistics.median(run))
-        samples += run
+    samples = []
+    for _ in range(replays):
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record()
+        graph.replay()
+        t1.record()
+        t1.synchronize()
+        samples.append(1e3 * t0.elapsed_time(t1) / len(calls))
     del graph
+    return samples
+
+
+def graph_bench(calls: list, reps: int, replays: int = 10) -> dict:
+    """GPU microseconds per call: capture all calls (one per input set) in one CUDA graph."""
+    samples = graph_replays_us(calls, reps * replays)
+    medians = [statistics.median(samples[i:i + replays]) for i in range(0, len(samples), replays)]
     return {"median_us": statistics.median(medians), "p10_us": quantile(samples, 0.1),
             "p90_us": quantile(samples, 0.9), "run_medians_us": [round(m, 3) for m in medians],
             "calls_per_graph": len(calls)}

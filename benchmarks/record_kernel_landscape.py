@@ -118,33 +118,33 @@ def _design(spec: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def run_compile_phase(args: argparse.Namespace, deadline: float) -> None:
-    """WORKERS shards side by side; a shard whose process died of a CUDA error starts again after
-    its last line (up to 5 times); then one process alone for what failed for memory beside the
-    others. Every child dies with this process (killed in `finally`)."""
+    """WORKERS shards side by side, then one process alone for what failed for memory beside the
+    others."""
     env = dict(os.environ, TRITON_CACHE_DIR=str(Path(args.work) / "triton-cache"))
     base = [sys.executable, __file__, "--kernel", args.kernel, "--device", args.device,
             "--work", args.work, "--limit", str(args.limit or 0)]
-    todo = {i: 5 for i in range(args.workers)}
+    _run_side_by_side([base + ["--shard", f"{i}/{args.workers}"] for i in range(args.workers)], env, deadline)
+    if any(map(_crowded_out, compiled_records(Path(args.work), args.workers).values())):
+        _run_side_by_side([base + ["--shard", f"alone/{args.workers}"]], env, deadline)
+
+
+def _run_side_by_side(commands: list[list[str]], env: dict[str, str], deadline: float) -> None:
+    """Each command in its own process until the deadline; one that died of a CUDA error starts
+    again after its last line (up to 5 times). Every child dies with this process."""
+    tries = {i: 5 for i in range(len(commands))}
     procs: dict[int, subprocess.Popen] = {}
     try:
-        while (todo or procs) and time.time() < deadline:
-            for i in [i for i in todo if i not in procs]:
-                procs[i] = subprocess.Popen(base + ["--shard", f"{i}/{args.workers}"], env=env)
-                todo[i] -= 1
+        while (tries or procs) and time.time() < deadline:
+            for i in [i for i in tries if i not in procs]:
+                procs[i] = subprocess.Popen(commands[i], env=env)
+                tries[i] -= 1
             time.sleep(0.5)
             for i, p in list(procs.items()):
                 if p.poll() is None:
                     continue
                 del procs[i]
-                if p.returncode != CUDA_ERROR_EXIT or todo[i] == 0:
-                    del todo[i]
-        crowded = any(map(_crowded_out, compiled_records(Path(args.work), args.workers).values()))
-        if crowded and not procs and time.time() < deadline:  # the shards are done: the crowded-out, alone
-            procs[-1] = subprocess.Popen(base + ["--shard", f"alone/{args.workers}"], env=env)
-            procs[-1].wait(timeout=max(1.0, deadline - time.time()))
-            del procs[-1]
-    except subprocess.TimeoutExpired:
-        pass
+                if p.returncode != CUDA_ERROR_EXIT or tries[i] == 0:
+                    del tries[i]
     finally:
         for p in procs.values():
             p.kill()
@@ -153,35 +153,19 @@ def run_compile_phase(args: argparse.Namespace, deadline: float) -> None:
 
 # ---- phase 2, one process: check and time what compiled ----
 
-def _time_ms(spec: Any, inputs: dict[str, Any], config: dict[str, Any], calls: int) -> list[float]:
-    import torch
-    if inputs and next(iter(inputs.values())).device.type == "cpu":
+def _time_ms(spec: Any, inputs: dict[str, Any], config: dict[str, Any], calls: int,
+             device: str) -> list[float]:
+    """Milliseconds per call of REPLAYS replays of a CUDA graph of `calls` calls; on a CPU (the
+    script's check) wall milliseconds of REPLAYS calls."""
+    if device == "cpu":
         times = []
         for _ in range(REPLAYS):
             t0 = time.perf_counter()
             spec.call(inputs, config)
             times.append((time.perf_counter() - t0) * 1e3)
         return times
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # the allocator sees the call's buffers before the capture
-        spec.call(inputs, config)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # CALLS launches a replay: times the kernels, not the host
-        for _ in range(calls):
-            spec.call(inputs, config)
-    graph.replay()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    del graph
-    return times
+    from attention_kernels import graph_replays_us
+    return [us / 1e3 for us in graph_replays_us([lambda: spec.call(inputs, config)] * calls, REPLAYS)]
 
 
 def time_phase(args: argparse.Namespace, deadline: float) -> int:
@@ -209,7 +193,7 @@ def time_phase(args: argparse.Namespace, deadline: float) -> int:
                 rec.update(failed="RuntimeFailedConfig", error=f"output off by {err:.3g} (tolerance {tol:g})")
             else:
                 t1 = time.perf_counter()
-                rec["times"] = _time_ms(spec, inputs, config, args.calls)
+                rec["times"] = _time_ms(spec, inputs, config, args.calls, args.device)
                 rec["benchmark_ms"] = (time.perf_counter() - t1) * 1e3
         except Exception as exc:  # a failed configuration is data
             kind, reason, poisoned = _failure(exc)
@@ -227,20 +211,13 @@ def time_phase(args: argparse.Namespace, deadline: float) -> int:
 # ---- the parent: both phases, then the cache file ----
 
 def run_time_phase(args: argparse.Namespace, deadline: float) -> None:
-    """The timing process, started again after a CUDA error (up to 5 times)."""
+    """The timing process, started again after a CUDA error; it starts no configuration after the
+    deadline, and is given a minute past it to finish the one it has begun."""
     env = dict(os.environ, TRITON_CACHE_DIR=str(Path(args.work) / "triton-cache"))
     cmd = [sys.executable, __file__, "--kernel", args.kernel, "--device", args.device, "--work",
            args.work, "--limit", str(args.limit or 0), "--workers", str(args.workers),
            "--calls", str(args.calls), "--phase", "time", "--deadline", str(deadline)]
-    for _ in range(5):
-        proc = subprocess.Popen(cmd, env=env)
-        try:
-            if proc.wait() != CUDA_ERROR_EXIT:
-                return
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    _run_side_by_side([cmd], env, deadline + 60)
 
 
 def landscape(args: argparse.Namespace) -> dict[str, Any] | None:
