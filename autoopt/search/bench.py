@@ -318,6 +318,7 @@ def summarize(runs: list[RunStats], budgets: dict[str, float]) -> dict[str, dict
                 "calibration_trials": calib_n,
                 "cost_within_50pct": sum(r.cost_within for r in rs) / cost_n if cost_n else None,
                 "reach_s_median": med, "reach_s_q1": q1, "reach_s_q3": q3,
+                "reach_s_runs": [r.reach_s for r in sorted(rs, key=lambda r: r.seed)],  # for intervals
                 "best_frac_median": bmed, "best_frac_q1": b1, "best_frac_q3": b3,
                 "stopped_early": len(stopped),
                 "elapsed_s_median": statistics.median(r.elapsed_s for r in rs),
