@@ -93,3 +93,13 @@ def test_the_committed_checks_say_when_a_miss_is_inside_the_noise(capsys):
     bs._print_checks(checks, {})
     assert "tiles.csv: agent vs tpe 0.53x (0.00-0.95)" in capsys.readouterr().out
 
+
+
+def test_bench_search_prints_the_agents_ratio_with_its_interval():
+    from autoopt.search.bench import bench, render
+
+    kt = REPO / "tests" / "fixtures" / "replay" / "kt_gemm.json"
+    result = bench([str(kt)], ("agent", "random"), seeds=3, budget_s=1200.0)
+    runs = result["summary"]["kt_gemm.json"]
+    expected = median_ratio(runs["agent"]["reach_s_runs"], runs["random"]["reach_s_runs"]).text()
+    assert f"agent/random reach: {expected}" in render(result)

@@ -34,8 +34,9 @@ def bench_search(
     """Benchmark the search strategies on recorded tables: per table and strategy, the median and IQR
     of simulated time until the strategy's best is truly within 1% of the table's optimum ("never"
     counted honestly), the best found at the end, how many runs the strategy stopped itself (and how
-    many of those within 1%), the agent's calibration (trials inside their predicted 95% interval) and
-    the cost model's (transitions predicted within 50%).
+    many of those within 1%), the agent's calibration (trials inside their predicted 95% interval), the
+    cost model's (transitions predicted within 50%), and the agent's median over each other strategy's
+    with its 95% bootstrap interval over the seeds.
 
     Examples:
 

@@ -350,11 +350,28 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"  {strategy:<8} {reach:<26} {s['reached']:>4}/{s['runs']:<3} "
                          f"{100 * s['best_frac_median']:>11.1f}% {stop:>21} {_pct(s['calibration']):>6} "
                          f"{_pct(s['cost_within_50pct']):>5} {s['trials_median']:>7.0f} {s['wall_s_mean']:>8.2f}s")
+        lines += _ratio_lines(by_strategy)
     lines.append(f"(wall {result['wall_s']:.1f}s; reach = simulated time until the "
                  "strategy's best is truly within 1% of the table's optimum; never = not within the budget; "
                  "stopped = runs that stopped themselves (of them within 1%, their median best); calib = "
                  "trials inside their predicted 95% interval; cost = transitions predicted within 50%)")
     return "\n".join(lines)
+
+
+def _ratio_lines(by_strategy: dict[str, dict[str, Any]], reference: str = "agent") -> list[str]:
+    """The reference's median reach over each other strategy's, with the 95 % bootstrap interval over
+    the seeds (autoopt.stats.median_ratio): whether a difference is a result or the seeds' scatter."""
+    from autoopt.stats import median_ratio
+
+    ref = by_strategy.get(reference, {}).get("reach_s_runs")
+    out = []
+    for other, s in by_strategy.items():
+        if other == reference or not ref or not s.get("reach_s_runs"):
+            continue
+        r = median_ratio(ref, s["reach_s_runs"])
+        out.append(f"  {reference}/{other} reach: {r.text()}, {reference} faster in "
+                   f"{100 * r.share_below_1:.0f}% of the resamples")
+    return out
 
 
 def _pct(x: float | None) -> str:
