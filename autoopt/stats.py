@@ -81,6 +81,14 @@ class RatioInterval:
         return f"{x(self.ratio)} (95% bootstrap {x(self.low)}-{x(self.high)})"
 
 
+def reach_ratio(num: float, den: float) -> float | None:
+    """num / den for medians that may be inf ("never"): a finite one over "never" is 0, "never" over a
+    finite one is inf, both "never" is no ratio (None)."""
+    if math.isinf(num) and math.isinf(den):
+        return None
+    return num / den if math.isfinite(den) else 0.0
+
+
 def median_ratio(num: Sequence[float], den: Sequence[float], resamples: int = 10_000, seed: int = 0,
                  confidence: float = 0.95) -> RatioInterval:
     """The ratio of the medians of `num` and `den` with a percentile bootstrap interval: each set
@@ -97,16 +105,14 @@ def median_ratio(num: Sequence[float], den: Sequence[float], resamples: int = 10
     mb = np.median(b[rng.integers(0, len(b), (resamples, len(b)))], axis=1)
     ratios = _ratios(ma, mb)
     tail = (1.0 - confidence) / 2
-    point = _ratios(np.array([np.median(a)]), np.array([np.median(b)]))[0]
-    both_never = math.isinf(float(np.median(a))) and math.isinf(float(np.median(b)))
-    return RatioInterval(ratio=None if both_never else float(point),
+    return RatioInterval(ratio=reach_ratio(float(np.median(a)), float(np.median(b))),
                          low=float(np.quantile(ratios, tail, method="lower")),
                          high=float(np.quantile(ratios, 1 - tail, method="higher")),
                          share_below_1=float((ratios < 1.0).mean()))
 
 
 def _ratios(ma: Any, mb: Any) -> Any:
-    """[n] medians over [n] medians (numpy arrays), "never" (inf) on either side as RatioInterval says."""
+    """[n] medians over [n] medians (numpy arrays): reach_ratio's rule, both "never" a tie (1)."""
     import numpy as np
 
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -34,6 +34,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 sys.path.insert(0, str(Path(__file__).parent))
 from _meta import machine_meta, write_result  # noqa: E402
+from autoopt.stats import reach_ratio  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SYNTHETIC = sorted(p for p in (HERE.parent / "tests" / "fixtures" / "replay").iterdir()
@@ -45,13 +46,6 @@ def _recorded_tables() -> list[Path]:
     """benchmarks/data/*.csv but a recording still in progress (record_decode_table.py's
     *.recording.csv: raw rows it resumes from, not yet a replay table)."""
     return sorted(p for p in (HERE / "data").glob("*.csv") if not p.name.endswith(".recording.csv"))
-
-
-def _ratio(agent: float, other: float) -> float | None:
-    """agent / other for medians that may be inf ("never"): None when both never."""
-    if math.isinf(agent) and math.isinf(other):
-        return None
-    return agent / other if math.isfinite(other) else 0.0
 
 
 def _interval(row: dict, by: dict, other: str, limit: float) -> None:
@@ -82,7 +76,7 @@ def committed_targets(summary: dict) -> dict:
         ok = math.isfinite(agent["reach_s_median"]) and agent["stopped_early"] == agent["runs"]
         for other, limit in (("tpe", 0.5), ("random", 0.3)):
             if other in by:
-                ratio = _ratio(agent["reach_s_median"], by[other]["reach_s_median"])
+                ratio = reach_ratio(agent["reach_s_median"], by[other]["reach_s_median"])
                 row[f"ratio_vs_{other}"], row[f"{other}_reach_s"] = ratio, by[other]["reach_s_median"]
                 _interval(row, by, other, limit)
                 ok = ok and ratio is not None and ratio <= limit
@@ -99,8 +93,8 @@ def landscape_targets(summary: dict) -> dict:
         agent, tpe, rnd = by.get("agent"), by.get("tpe"), by.get("random")
         if agent is None or tpe is None:
             continue
-        r_tpe = _ratio(agent["reach_s_median"], tpe["reach_s_median"])
-        r_rnd = _ratio(agent["reach_s_median"], rnd["reach_s_median"]) if rnd else None
+        r_tpe = reach_ratio(agent["reach_s_median"], tpe["reach_s_median"])
+        r_rnd = reach_ratio(agent["reach_s_median"], rnd["reach_s_median"]) if rnd else None
         stopped = agent["stopped_early"]
         row = {"agent_reach_s": agent["reach_s_median"], "tpe_reach_s": tpe["reach_s_median"],
                "random_reach_s": rnd["reach_s_median"] if rnd else None,
