@@ -38,8 +38,11 @@ WORKER_DIES = ("crash", "hang", "cuda")  # autoopt.targets.builtin.worker.classi
 
 def replay(records: list, space, target: BuiltinTarget) -> list[dict]:
     """Each trial's predicted and actual transition seconds. The target's facts are derived again
-    from the configurations (autoopt.targets.builtin.transitions, as the live target reported them
-    with this tree's code), with a worker's caches followed as the runs' trials filled them."""
+    from the configurations the trials built, as stored (autoopt.targets.builtin.transitions, as the
+    live target reported them with this tree's code), with a worker's caches followed as the runs'
+    trials filled them. The stored configuration, not this tree's mapping of the params: the seconds
+    were spent on what was built (the mapping changed once, when hc_head began to follow the last
+    layer's mHC knobs)."""
     costs = CostModel(space)
     built, built_config, run, rows, alive, caches = None, None, None, [], False, target.new_caches()
     for rec in records:
@@ -47,7 +50,7 @@ def replay(records: list, space, target: BuiltinTarget) -> list[dict]:
         if rec.run_id != run:  # a new run starts a fresh worker
             built, run, alive = None, rec.run_id, False
             caches.clear()
-        to = target.normalize(space.params_to_config(t.params))
+        to = target.normalize(rec.config or space.params_to_config(t.params))
         facts = transition_facts(built_config if built else None, to, caches, alive)
         est = costs.estimate(built, t.params, facts)
         stored = t.decision.expected_cost if t.decision is not None else None

@@ -122,14 +122,50 @@ def test_layer_class_and_layers_scopes_expand_to_layer_overrides(tmp_path):
                                           "attention@L1", "attention@L3", "moe_experts@c128"]
     p = s.baseline_params() | {"mhc_gemm@c128": "bf16", "attention@L3": "mma", "moe_experts@c128": "grouped"}
     cfg = s.params_to_config(p)
-    assert cfg["mhc_gemm"] == "fp32" and cfg["attention"] == "per_head"
-    assert cfg["layer_overrides"] == [[1, "mhc_gemm", "bf16"], [1, "moe_experts", "grouped"],
-                                      [3, "attention", "mma"], [3, "mhc_gemm", "bf16"],
+    # mhc_gemm is chosen over every layer: its global value (what hc_head reads) is the last layer's;
+    # attention covers layers 1 and 3 only, so the others keep the baseline's global value
+    assert cfg["mhc_gemm"] == "bf16" and cfg["attention"] == "per_head"
+    assert cfg["layer_overrides"] == [[0, "mhc_gemm", "fp32"], [1, "moe_experts", "grouped"],
+                                      [2, "mhc_gemm", "fp32"], [3, "attention", "mma"],
                                       [3, "moe_experts", "grouped"]]
     from dsv4.config import DecodeConfig, preset
 
     built = DecodeConfig.from_dict(preset("tiny").to_dict() | cfg)  # the model accepts it
     assert built.knob("attention", 3) == "mma" and built.knob("attention", 1) == "per_head"
+    assert [built.knob("mhc_gemm", i) for i in range(4)] == ["fp32", "bf16", "fp32", "bf16"]
+
+
+def test_parts_outside_the_layers_follow_the_last_layer(tmp_path):
+    """A knob set per layer class on every layer leaves the global value to the head alone: it takes
+    the last layer's value, so one value on every class builds the step with that value everywhere."""
+    s = load(tmp_path, """
+        knobs:
+          mhc_gemm: {values: [fp32, bf16], scope: layer_class}
+          moe_experts: {values: [loop, grouped], scope: {layer_class: [c128]}}
+        """)
+    every_bf16 = s.baseline_params() | {f"mhc_gemm@{c}": "bf16" for c in ("window", "c4", "c128")}
+    cfg = s.params_to_config(every_bf16)
+    assert cfg["mhc_gemm"] == "bf16" and cfg["layer_overrides"] == []  # hc_head's GEMM is bf16 too
+    last_fp32 = every_bf16 | {"mhc_gemm@c128": "fp32"}  # layer 3, the last, is c128
+    assert s.params_to_config(last_fp32)["mhc_gemm"] == "fp32"
+    moe = s.params_to_config(s.baseline_params() | {"moe_experts@c128": "grouped"})
+    assert moe["moe_experts"] == "loop"  # c128 is not every layer: the global value stays the baseline's
+
+
+def test_the_hand_tuned_h200_row_is_a_point_of_the_flash_space():
+    """benchmarks/h200_decode.py's hand-tuned row sets mHC knobs globally, the head included; the
+    search must be able to build exactly that configuration."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from h200_decode import FAST
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    hand = {**FAST, "glue": "triton", "step_compile": "inductor", "proj_gemms": "stacked", "cuda_graphs": "on"}
+    s = load_declared("dsv4_flash_decode")
+    params = {p.name: hand.get(p.knob, s.info.baseline[p.knob]) for p in s.params}
+    assert s.violations(params) == []
+    baseline = {k: v for k, v in s.info.baseline.items() if k != "layer_overrides"}
+    assert s.params_to_config(params) == {**baseline, **hand, "layer_overrides": []}
 
 
 def test_constraints_hold_on_every_layer(tmp_path):

@@ -100,6 +100,7 @@ class SearchSpace:
         self._parse()
         self.params: list[ParamDef] = self._make_params()
         self.param_by_name = {p.name: p for p in self.params}
+        self._knobs_over_every_layer = self._knobs_covering_every_layer()  # see params_to_config
         self._keys: dict[tuple, str] = {}  # config_key's memo: a search asks for it ~400 times a trial
         # knob names (any the target declares) and this space's parameter names (knob@c4, knob@L3)
         self._parse_constraints(self.doc.data, {s.name for s in self.info.knob_specs} | set(self.param_by_name))
@@ -285,7 +286,13 @@ class SearchSpace:
 
     def params_to_config(self, params: dict[str, Any]) -> dict[str, Any]:
         """Flat params -> the target's config: global knob values plus `layer_overrides`
-        [[layer, knob, value], ...] (sorted, only where a layer differs from the global value)."""
+        [[layer, knob, value], ...] (sorted, only where a layer differs from the global value).
+
+        A knob chosen per layer class or per layer over every layer of the model keeps a global value
+        that reaches only the parts outside the layers (dsv4: hc_head's mHC GEMM after the last layer).
+        That value is the last layer's, the layer whose output those parts read: so `mhc_gemm@*=bf16`
+        builds the all-bf16 step an engineer writes as `mhc_gemm: bf16`, not bf16 layers before an
+        fp32 head that no parameter could reach."""
         self._check_keys(params)
         cfg = {k: v for k, v in self.info.baseline.items() if k != "layer_overrides"}
         for p in self.params:
@@ -297,9 +304,21 @@ class SearchSpace:
                 if p.scope == scope:
                     for layer in p.layers:
                         per_layer[(layer, p.knob)] = params[p.name]
+        n_layers = len(self.info.layers)
+        for knob in self._knobs_over_every_layer:
+            cfg[knob] = per_layer[(n_layers - 1, knob)]
         cfg["layer_overrides"] = [[layer, knob, v] for (layer, knob), v in sorted(per_layer.items())
                                   if v != cfg[knob]]
         return cfg
+
+    def _knobs_covering_every_layer(self) -> tuple[str, ...]:
+        """Knobs with no global parameter whose per-layer parameters cover every layer of the model."""
+        covered: dict[str, set[int]] = {}
+        for p in self.params:
+            if p.scope != "global":
+                covered.setdefault(p.knob, set()).update(p.layers)
+        every = set(range(len(self.info.layers)))
+        return tuple(k for k, layers in covered.items() if every and layers >= every)
 
     def config_key(self, params: dict[str, Any]) -> str:
         """A canonical text of the config these params build (equal keys: same code paths).
