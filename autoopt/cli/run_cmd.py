@@ -195,7 +195,10 @@ def _disagreement_text(orig: Any, conf: Any, base: Any) -> str | None:
     verdict = confirmation_verdict(tuple(orig.objective_ci), tuple(conf.objective_ci), base_ci, base_ci)
     if verdict is None:
         return None
-    return f"the confirmation disagrees with trial #{orig.number} (the CIs do not overlap){verdict[1]}"
+    refused, why = verdict
+    after = (f"; `autoopt best` leaves #{orig.number} out and takes the best whose win holds "
+             f"(`--trial {orig.number} --force` exports it)") if refused else ""
+    return f"the confirmation disagrees with trial #{orig.number} (the CIs do not overlap){why}{after}"
 
 
 def _json_summary(result: Any, doc: dict[str, Any]) -> dict[str, Any]:
