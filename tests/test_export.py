@@ -209,6 +209,26 @@ def test_best_leaves_out_a_win_its_confirmation_does_not_confirm(tmp_path):
     assert json.loads(history.stdout)["best_number"] == 0  # history and browse mark the same trial
 
 
+def test_best_takes_the_next_win_that_holds_when_the_first_is_left_out(tmp_path):
+    """After #2 is left out (its confirmation #5 reads 62.2, inside the baseline's noise), #6 at
+    66.0 tok/s, outside the noise and not re-measured, is the best whose win holds."""
+    from store_helpers import STUDY, result_at_16
+
+    from autoopt.store import Store
+    from autoopt.store.reports import best
+
+    db, study = _study_with_confirmation(tmp_path, confirm_tok=62.2)
+    with Store.open(str(db)) as store:
+        run_id = store.runs(STUDY)[-1].id
+        other = {"mhc_gemm": "bf16", "mhc_operand": "cast", "hc": "cached"}
+        m = measurement(other, {1: 34.0, 16: 66.0, 64: 66.0})
+        h = store.begin_trial(run_id, STUDY, other, dict(other), Decision(other, "neighbour", "one knob"))
+        store.finish_trial(h, m, result_at_16(m))
+        doc, chosen, _ = best(store, study, current=lambda device: {})
+    assert (chosen.number, doc["significant"], doc["left_out"]) == (6, True, [2])
+    assert doc["significant_count"] == 2 and not doc["export_refused"]  # #2 (left out) and #6
+
+
 def test_best_exports_a_confirmed_win_of_uncertain_size_with_a_warning(tmp_path):
     """The README's main job on a 2-core VM: #26 at 444.9 tok/s, its confirmation 407.7 (CIs apart),
     the baseline 331.6. Both measurements beat the baseline: the win holds, its size is in doubt, so
