@@ -35,6 +35,7 @@ from autoopt.errors import SpaceError
 from autoopt.space.constraints import Constraint, ConstraintSyntaxError, parse_constraint
 from autoopt.space.document import LineMap, LineSeq, SpaceDocument
 from autoopt.space.knobs import RESTART_CLASSES, SCOPES, KnobDef, KnobSpec, TargetInfo, parse_knob
+from autoopt.space.objective import Objective
 
 __all__ = ["SearchSpace", "KnobDef", "ParamDef", "Objective", "TargetInfo", "SCOPES"]
 
@@ -42,37 +43,6 @@ DEVICES = ("cpu", "cuda", "auto")
 _ENUMERATE_MAX = 4096  # points checked one by one when proving constraints can hold
 _TOP_KEYS = ("name", "description", "target", "preset", "device", "shape_overrides", "concurrency",
              "objective", "measurement", "priors", "knobs", "constraints")
-
-
-@dataclass(frozen=True)
-class Objective:
-    """tok/s at one concurrency, or a weighted geometric mean over several (weights sum to 1)."""
-
-    weights: dict[int, float]
-
-    def value(self, m: Any) -> float | None:
-        if m is None or getattr(m, "status", None) != "ok":
-            return None
-        meds = {c: m.objective(c) for c in self.weights}
-        if any(v is None or v <= 0 for v in meds.values()):
-            return None
-        return math.exp(sum(w * math.log(meds[c]) for c, w in self.weights.items()))
-
-    def ci(self, m: Any) -> tuple[float, float] | None:
-        if self.value(m) is None:
-            return None
-        tps = {c: m.tok_per_s[str(c)] for c in self.weights}
-        if any(tp.ci_low <= 0 or tp.ci_high <= 0 for tp in tps.values()):
-            return None
-        lo = math.exp(sum(w * math.log(tps[c].ci_low) for c, w in self.weights.items()))
-        hi = math.exp(sum(w * math.log(tps[c].ci_high) for c, w in self.weights.items()))
-        return lo, hi
-
-    def describe(self) -> str:
-        if len(self.weights) == 1:
-            return f"tok/s at C={next(iter(self.weights))}"
-        return "tok/s, weighted geometric mean of " + " ".join(
-            f"C={c}:{w:g}" for c, w in self.weights.items())
 
 
 @dataclass(frozen=True)
