@@ -18,15 +18,17 @@ def best_command(
     export: Optional[Path] = typer.Option(None, "--export", help="Write the winner's config + evidence (YAML)."),
     trial: Optional[str] = typer.Option(None, "--trial", help="Take this trial instead of the rule's choice."),
     as_json: bool = typer.Option(False, "--json", help="Print the best document as JSON."),
-    force: bool = typer.Option(False, "--force", help="Export even when the trial's confirmation "
-                               "leaves the win in doubt: it failed, or it disagrees with the trial and "
-                               "one of the two does not beat the baseline outside the noise (the "
-                               "warning goes into the export too)."),
+    force: bool = typer.Option(False, "--force", help="With --trial N: export N even when its "
+                               "confirmation leaves the win in doubt: it failed, or it disagrees with the "
+                               "trial and one of the two does not beat the baseline outside the noise (the "
+                               "warning goes into the export too). Without --trial the rule leaves such a "
+                               "trial out and takes the best whose win holds."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """The best trial: among trials whose 95% CI low end clears their run's baseline's CI high end, the
     fastest (runs on one machine) or the highest speed-up over its run's baseline (runs on several),
-    shown in the objective's unit (tok/s, higher is better; a replayed time in ms, lower is better)."""
+    shown in the objective's unit (tok/s, higher is better; a replayed time in ms, lower is better).
+    A trial whose re-measurement disagrees with it and leaves the win in doubt is left out, with a warning."""
     from autoopt.cli.render_history import print_json, render_best, warn
     from autoopt.store.analysis import key_of
     from autoopt.store.export import build_export
