@@ -7,7 +7,6 @@ Every document has "kind" ("autoopt.history" | "autoopt.trial" | "autoopt.diff" 
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import subprocess
 import sys
@@ -124,8 +123,8 @@ def choose_best(trials: Sequence[TrialRecord], baselines: list[TrialRecord], c: 
                 ) -> tuple[an.BestChoice, list[tuple[int, str]]]:
     """analysis.select_best, leaving out each pick whose win a re-measurement leaves in doubt
     (confirmation_disagreement refuses it), with why: the next pick, else the baseline. A noisy
-    machine (the README's 2-minute CPU run reads ±12-18 %) makes such a pick now and then; `best`
-    never exports it unasked (`--trial N --force` does), nor stops at it."""
+    machine (the README's 2-minute CPU run: baselines ±12-27 % on a 2-core VM) makes such a pick now
+    and then; `best` never exports it unasked (`--trial N --force` does), nor stops at it."""
     pool, left_out = list(trials), []
     while True:
         choice = an.select_best(pool, baselines, c)
