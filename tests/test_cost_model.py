@@ -301,6 +301,28 @@ def test_a_knobs_own_prior_follows_this_machines_pace_read_off_its_worker_starts
     assert cm.estimate(base, compiled).transition_s == pytest.approx(60.0)
 
 
+def test_a_rebuild_redone_before_its_first_is_its_cold_switch_a_recompile_its_warm_one():
+    """A redo of a rebuild-class knob (a new CUDA graph capture) spares nothing a cache could keep:
+    before the first is seen it costs what switching the knob on cost, not a warm fraction of it (on
+    the H200 the first re-capture was predicted at 0.4 s and took 1.1-1.4 s, in seven of eight
+    studies, benchmarks/cost_replay.py). A recompile-class redo (a re-trace) stays a warm switch."""
+    from autoopt.targets.declared import load_declared
+
+    space = load_declared("dsv4_flash_decode")
+    cm = CostModel(space)
+    base = space.baseline_params()
+    graphs = {**base, "cuda_graphs": "on"}
+    cm.observe(base, graphs, took(2.3, 3.0), cm.estimate(base, graphs))  # the capture, cold
+    moved = {**graphs, "moe_experts@window": "grouped"}
+    recapture = Transition("rebuild", ("moe_experts",), redone=("cuda_graphs",))
+    assert cm.estimate(graphs, moved, recapture).transition_s == pytest.approx(2.3)
+    compiled = {**base, "step_compile": "inductor"}
+    cm.observe(base, compiled, took(100.0, 3.0), cm.estimate(base, compiled))
+    retrace = Transition("rebuild", ("moe_experts",), redone=("step_compile",))
+    assert cm.estimate(compiled, {**compiled, "moe_experts@window": "grouped"}, retrace).transition_s \
+        == pytest.approx(100.0 * cm.warm_fraction())
+
+
 def test_a_live_worker_not_warm_for_a_compiled_step_pays_a_retrace_not_a_start(space):
     """After a failure its worker survived, a configuration with a kernel new to it re-traces a step
     the worker compiled before (the target names the redo): no start and no first step compile (on
