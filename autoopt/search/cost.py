@@ -20,7 +20,8 @@ A switch may redo a knob's build work though that knob keeps its value (`Transit
 step_compile every new configuration re-traces the step, under CUDA graphs every switch captures
 again): its seconds are learned apart (`redo_obs`), cold and warm apart (a re-trace that compiles a
 new kernel took 8-12 s on the H200, one whose kernels were all cached 0.5-0.8 s), before the first
-the knob's warm switch (a rebuild-class knob's cold one: nothing cached spares a re-capture). A live process after a failure that is not warm for the configuration but
+the knob's warm switch (a rebuild-class knob's switch as measured: a re-capture repeats the capture).
+A live process after a failure that is not warm for the configuration but
 names a redo (it step-compiled before) pays that redo, cold, not a fresh start.
 Nothing changed: free. Nothing built (the first trial, or after a crash): a fresh start, which costs
 a worker's start (learned from fresh starts of configurations that build nothing beyond the
@@ -251,8 +252,9 @@ class CostModel:
         learned for `cached` (the target's facts: every kernel it needs was compiled), else from the
         other kind, else its warm switch (priced cold, the first re-trace under step_compile read
         2 min 30 s and a resumed H200 run stopped itself on it: h200_live_10m_run4, run2.log). A
-        rebuild-class knob's redo (a new CUDA graph capture) is its cold switch: no cache spares a
-        rebuild (the first re-capture priced warm read 0.4 s on the H200 and took 1.1-1.4 s)."""
+        rebuild-class knob's first redo (a new CUDA graph capture) is its switch as measured: a
+        re-capture repeats the work of switching the graphs on, which no kernel cache shortens (the
+        first re-capture priced as a warm fraction read 0.4 s on the H200 and took 1.1-1.4 s)."""
         seen = self.redo_obs.get((i, cached))
         if seen:
             return statistics.median(seen)
