@@ -133,3 +133,45 @@ def test_a_surviving_worker_that_compiled_a_step_names_the_re_trace_for_a_new_ke
     eager = WorkerCaches()  # a worker that never step-compiled has no re-trace to name
     built_in(eager, norm(moe_experts="grouped"))
     assert transition_facts(None, new_kernel, eager, alive=True).redone == ()
+
+
+def test_a_dtype_switch_under_a_triton_kernel_that_reads_it_recompiles_that_kernel(norm):
+    """mhc_gemm picks the mHC GEMM's operand dtype: a Python branch in eager code, but under
+    mhc_kernel=triton_splitk a new dtype is a new specialisation of that kernel, compiled on first use
+    (on the H100 and H200 such first switches took 2.6-3.7 s where switches that compile nothing took
+    0.4-1.5 s). The switch names the kernel's knob as redone, once: back to a dtype compiled here it
+    redoes nothing. Without the layers the specialisations are unknown and nothing is claimed."""
+    layers = tuple(BuiltinTarget("flash-slice", "cuda").layers())
+    caches = WorkerCaches(layers)
+    split = norm(mhc_kernel="triton_splitk")
+    built = built_in(caches, split)
+    bf16 = norm(mhc_kernel="triton_splitk", mhc_gemm="bf16")
+    t = transition_facts(built, bf16, caches, alive=True)
+    assert t.changed_knobs == ("mhc_gemm",) and t.redone == ("mhc_kernel",) and not t.cached
+    built = built_in(caches, bf16)
+    assert transition_facts(built, split, caches, alive=True).redone == ()  # fp32 compiled before
+    eager = WorkerCaches(layers)  # the eager torch.mm path compiles nothing for a dtype
+    assert transition_facts(built_in(eager, norm()), norm(mhc_gemm="bf16"), eager, alive=True).redone == ()
+    unknown = WorkerCaches()
+    assert transition_facts(built_in(unknown, split), bf16, unknown, alive=True).redone == ()
+
+
+def test_the_parent_predicts_the_specialisations_the_worker_compiles():
+    """The parent's facts and the worker's JIT keys come from one function (dsv4.specialisations):
+    for a configuration with per-layer dtypes under the fused kernels, the (kernel, operand) keys the
+    parent derives from the normalized config are the worker's, from its layer plans."""
+    from dsv4.config import preset
+    from dsv4.model import make_plans
+    from dsv4.specialisations import model_triton_keys
+
+    target = BuiltinTarget("flash-slice", "cuda")
+    config = target.normalize({"mhc_kernel": "triton_splitk", "mhc_fuse_post_pre": "on",
+                               "indexer_kernel": "triton_fused", "moe_experts": "triton_grouped",
+                               "layer_overrides": [[0, "mhc_gemm", "bf16"], [1, "indexer_gemm", "bf16"]]})
+    caches = WorkerCaches(tuple(target.layers()))
+    parent = caches.triton_keys(config)
+    knobs = {k: v for k, v in config.items() if k != "layer_overrides"}
+    cfg = preset("flash-slice", **knobs, layer_overrides=tuple(tuple(o) for o in config["layer_overrides"]))
+    worker = model_triton_keys([(p.cls, p.knobs) for p in make_plans(cfg)], cfg.knobs())
+    assert parent == worker
+    assert ("mhc_prenorm", "bf16") in parent and ("mhc_prenorm", "fp32") in parent

@@ -32,6 +32,7 @@ from dsv4.glue import Glue, make_glue, raise_recompile_limit, specialize_int_inp
 from dsv4.knobs import KNOB_BY_NAME, KNOBS, unmet_requirement
 from dsv4.model import BREAKABLE_OPS, ModelState, decode_forward, make_plans
 from dsv4.sections import section
+from dsv4.specialisations import model_triton_keys
 from dsv4.weights import ModelWeights
 
 BREAK_ENV = "DSV4_TEST_BREAK"
@@ -127,23 +128,6 @@ def parse_breaks(raw: str | None) -> frozenset[str]:
     return ops
 
 
-def _triton_keys(plan, next_plan) -> set:
-    """The Triton kernels (and their operand-dtype specialisations) a layer's plan launches."""
-    k = plan.knobs
-    keys: set = set()
-    if plan.cls == "c4" and k["indexer_kernel"] == "triton_fused":
-        keys.add(("indexer_fused", k["indexer_gemm"]))
-    if k["mhc_kernel"] == "triton_splitk":
-        keys.add(("mhc_prenorm", k["mhc_gemm"]))
-    if k["mhc_fuse_post_pre"] == "on":  # its posts feed this layer's and the next layer's hc_pre
-        keys.add(("mhc_post_pre", k["mhc_gemm"]))
-        if next_plan is not None:
-            keys.add(("mhc_post_pre", next_plan.knobs["mhc_gemm"]))
-    if k["moe_experts"] == "triton_grouped":
-        keys.add(("moe", "triton_grouped"))
-    return keys
-
-
 class DecodeSession:
     def __init__(self, config: DecodeConfig, device: str = "cpu", batch: int = 1, *,
                  max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, test_break: str | None = None):
@@ -229,15 +213,13 @@ class DecodeSession:
                       repr([p.knobs for p in self.state.plans])))
         if self.device.type == "cuda":
             plans = self.state.plans
-            for i, plan in enumerate(plans):  # the constexprs each Triton specialisation keys on
+            for plan in plans:  # the constexprs each Triton specialisation keys on
                 names = ["attention", "attn_block_kv", "attn_num_warps", "attn_num_stages",
                          "attn_split_k"]
                 if plan.knobs["attention"] == "mma":  # per_head has no head tiles
                     names.append("attn_heads_per_tile")
                 keys.add(tuple(plan.knobs[k] for k in names))
-                keys |= _triton_keys(plan, plans[i + 1] if i + 1 < len(plans) else None)
-            if self.config.mhc_kernel == "triton_splitk":  # hc_head follows the global values
-                keys.add(("mhc_prenorm", self.config.mhc_gemm))
+            keys |= model_triton_keys([(p.cls, p.knobs) for p in plans], self.config.knobs())
         return keys
 
     def _prepare(self) -> str:

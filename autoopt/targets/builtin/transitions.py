@@ -86,9 +86,32 @@ class WorkerCaches:
         else:  # the layers unknown: the attention knobs' whole assignment is one specialisation
             keys = {("attention", *(effective(config, k) for k in attention))}
         keys |= {v for v in recompile_values(config) if v[0] not in attention}
+        keys |= self.triton_keys(config)
         if step_compiled(config):  # Inductor generates kernels for the torch ops every knob chooses
             keys |= {(config["step_compile"], *v) for v in knob_values(config) if v[0] != "cuda_graphs"}
         return keys
+
+
+    def triton_keys(self, config: dict[str, Any]) -> set[tuple]:
+        """The (kernel, operand) specialisations `config`'s Triton kernels compile
+        (dsv4.specialisations, what the worker asks); layers unknown: none."""
+        from dsv4.specialisations import model_triton_keys
+
+        per_layer = overrides_by_layer(config)
+        knobs = [k for k in config if k != "layer_overrides"]
+        layers = [(cls, {k: per_layer.get(i, {}).get(k, config[k]) for k in knobs})
+                  for i, cls in enumerate(self.layer_classes)]
+        return model_triton_keys(layers, config) if layers else set()
+
+    def respecialised(self, config: dict[str, Any]) -> set[str]:
+        """The knobs whose Triton kernel `config` launches in an operand specialisation this worker
+        never compiled (a dtype knob moved under it): their compile is redone though they keep
+        their value. None before the worker compiled any."""
+        from dsv4.specialisations import KERNEL_KNOB
+
+        if not self.kernels:
+            return set()
+        return {KERNEL_KNOB[key[0]] for key in self.triton_keys(config) - self.kernels}
 
 
 def overrides_by_layer(config: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -173,6 +196,8 @@ def transition_facts(built: dict[str, Any] | None, to: dict[str, Any], caches: W
     cached = (cls is RestartClass.RECOMPILE or retrace) and warm
     if retrace:
         redone.append("step_compile")
+    # a dtype switch under a Triton kernel that reads the operand compiles that kernel anew
+    redone += sorted(caches.respecialised(to) - set(changed))
     if to.get("cuda_graphs") == "on" and "cuda_graphs" not in changed:
         redone.append("cuda_graphs")
     for knob in redone:
