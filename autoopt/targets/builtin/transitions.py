@@ -91,7 +91,6 @@ class WorkerCaches:
             keys |= {(config["step_compile"], *v) for v in knob_values(config) if v[0] != "cuda_graphs"}
         return keys
 
-
     def triton_keys(self, config: dict[str, Any]) -> set[tuple]:
         """The (kernel, operand) specialisations `config`'s Triton kernels compile
         (dsv4.specialisations, what the worker asks); layers unknown: none."""
