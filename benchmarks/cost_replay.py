@@ -11,6 +11,8 @@ The live H200 study it is meant for (benchmarks/results/h200_live_10m) is develo
 model changed after reading it is not tested by it.
 
     python benchmarks/cost_replay.py --db benchmarks/results/h200_live_10m/h200.sqlite --study flash-h200
+    python benchmarks/cost_replay.py --db benchmarks/results/h*_live_*/h200.sqlite --study flash-h200 \
+        --out /tmp/cost_replay.all.json                  # every committed live study, then pooled
 """
 from __future__ import annotations
 
@@ -70,10 +72,12 @@ def replay(records: list, space, target: BuiltinTarget) -> list[dict]:
     return rows
 
 
-def study_parser(description: str, out_name: str) -> argparse.ArgumentParser:
-    """The options of a replay over a recorded study (this script's and failure_replay.py's)."""
+def study_parser(description: str, out_name: str, many: bool = False) -> argparse.ArgumentParser:
+    """The options of a replay over a recorded study (this script's and failure_replay.py's);
+    `many`: --db takes several studies, replayed one by one and pooled."""
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--db", required=True, help="database URL or SQLite path")
+    ap.add_argument("--db", required=True, nargs="+" if many else None,
+                    help="database URL or SQLite path" + (" (several: each replayed, then pooled)" if many else ""))
     ap.add_argument("--study", required=True)
     ap.add_argument("--space", default="dsv4_flash_decode")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / out_name)
@@ -88,23 +92,52 @@ def finished_records(db: str, study: str) -> list:
                 if not interrupted(r)]
 
 
-def main() -> None:
-    ap = study_parser(__doc__.split("\n\n")[0], "cost_replay.json")
-    ap.add_argument("--preset", default="flash-slice", help="the builtin target's preset the study ran")
-    args = ap.parse_args()
-    records = finished_records(args.db, args.study)
-    rows = replay(records, load_declared(args.space), BuiltinTarget(args.preset, "cuda"))
+def run_summary(rows: list[dict], label: str = "") -> dict[str, dict[str, int]]:
+    """Per run of one study: trials, and how many this tree / the run itself predicted within 50 %.
+    Prints one line per run (`label`: the study's, when several are replayed)."""
     summary = {}
-    print(f"{'run':>4} {'trials':>7} {'this tree within 50%':>22} {'as the run predicted':>22}")
     for run in sorted({r["run"] for r in rows}):
         mine = [r for r in rows if r["run"] == run]
         now = sum(transition_within(r["predicted_s"], r["actual_s"]) for r in mine)
         then = sum(transition_within(r["stored_s"], r["actual_s"]) for r in mine if r["stored_s"] is not None)
         summary[str(run)] = {"trials": len(mine), "within_now": now, "within_stored": then}
-        print(f"{run:>4} {len(mine):>7} {now:>12} ({100 * now / len(mine):3.0f} %) {then:>12} "
+        print(f"{label:<28}{run:>4} {len(mine):>7} {now:>12} ({100 * now / len(mine):3.0f} %) {then:>12} "
               f"({100 * then / len(mine):3.0f} %)")
-    doc = {"benchmark": "cost_replay", "meta": machine_meta(), "db": args.db, "study": args.study,
-           "development_data": True, "summary": summary, "trials": rows}
+    return summary
+
+
+def pooled(summaries: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+    """Every run of every study summed ("all"), and the first runs alone, the runs from empty ("1")."""
+    out = {}
+    for key, runs in (("all", None), ("1", "1")):
+        picked = [v for s in summaries for run, v in s.items() if runs is None or run == runs]
+        out[key] = {f: sum(v[f] for v in picked) for f in ("trials", "within_now", "within_stored")}
+    return out
+
+
+def main() -> None:
+    ap = study_parser(__doc__.split("\n\n")[0], "cost_replay.json", many=True)
+    ap.add_argument("--preset", default="flash-slice", help="the builtin target's preset the study ran")
+    args = ap.parse_args()
+    space, target = load_declared(args.space), BuiltinTarget(args.preset, "cuda")
+    several = len(args.db) > 1
+    print(f"{'study' if several else '':<28}{'run':>4} {'trials':>7} {'this tree within 50%':>22} "
+          f"{'as the run predicted':>22}")
+    studies = []
+    for db in args.db:
+        rows = replay(finished_records(db, args.study), space, target)
+        label = Path(db.split("///")[-1]).parent.name if several else ""
+        studies.append({"db": db, "summary": run_summary(rows, label), "trials": rows})
+    doc = {"benchmark": "cost_replay", "meta": machine_meta(), "study": args.study, "development_data": True}
+    if several:
+        total = pooled([s["summary"] for s in studies])
+        for key, name in (("all", "all runs"), ("1", "runs from empty")):
+            t = total[key]
+            print(f"{'pooled, ' + name:<32} {t['trials']:>7} {t['within_now']:>12} "
+                  f"({100 * t['within_now'] / max(t['trials'], 1):4.1f} %) {t['within_stored']:>12}")
+        doc |= {"pooled": total, "studies": studies}
+    else:
+        doc |= studies[0]
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {args.out}")
 
