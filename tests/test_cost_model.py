@@ -304,9 +304,8 @@ def test_a_knobs_own_prior_follows_this_machines_pace_read_off_its_worker_starts
 def test_a_rebuild_redone_before_its_first_is_its_cold_switch_a_recompile_its_warm_one():
     """A redo of a rebuild-class knob (a new CUDA graph capture) repeats the capture, which no kernel
     cache shortens: before the first is seen it costs what switching the knob on cost, not a warm
-    fraction of it (on
-    the H200 the first re-capture was predicted at 0.4 s and took 1.1-1.4 s, in five studies,
-    benchmarks/cost_replay.py). A recompile-class redo (a re-trace) stays a warm switch."""
+    fraction of it (on the H200 the first re-capture was predicted at 0.4 s and took 1.1-1.4 s, in
+    five studies, benchmarks/cost_replay.py). A recompile-class redo (a re-trace) stays a warm switch."""
     from autoopt.targets.declared import load_declared
 
     space = load_declared("dsv4_flash_decode")
